@@ -1,0 +1,1 @@
+"""GPU policy admission webhook."""

@@ -1,0 +1,69 @@
+"""The vocabulary of a decision: enforcement levels, findings and the verdict the engine returns.
+
+Kept apart from the engine so that the rule model, the engine, the admission server and the CLI all speak
+the same small set of frozen values.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+Enforcement = Literal["deny", "warn", "off"]
+Operation = Literal["CREATE", "UPDATE", "DELETE", "CONNECT"]
+Mode = Literal["mutate", "validate"]
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One rule that fired: its stable id, what a person reads, and how it is enforced."""
+
+    rule: str
+    message: str
+    enforcement: Enforcement = "deny"
+
+    def render(self) -> str:
+        """`[rule-id] message`, the form used in denials, warnings and `check` output."""
+        return f"[{self.rule}] {self.message}"
+
+
+@dataclass(frozen=True)
+class Edit:
+    """A change the engine wants, as data; `patch.operations` turns edits into RFC 6902 operations.
+
+    `path` addresses the parent container in the object (tuple of map keys and list indices).
+    kind "set-key":   set `key` to `value` in the map at `path` (the map may be absent; never clobbers:
+                      the engine only emits it for absent keys).
+    kind "append":    append `value` to the list at `path` (the list may be absent).
+    kind "set-field": set the field `key` of the map at `path` to `value` (only emitted when absent).
+    """
+
+    kind: Literal["set-key", "append", "set-field"]
+    path: tuple[str | int, ...]
+    key: str | None
+    value: Any
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What the engine decided for one object."""
+
+    violations: tuple[Finding, ...] = ()
+    warnings: tuple[Finding, ...] = ()
+    edits: tuple[Edit, ...] = ()
+    gpu_class: str | None = None
+    gpus: int = 0
+    notes: tuple[str, ...] = field(default=())
+
+    @property
+    def allowed(self) -> bool:
+        return not self.violations
+
+    @property
+    def rules(self) -> tuple[str, ...]:
+        """Ids of every rule that fired (denials first), for logs and metrics."""
+        return tuple(f.rule for f in (*self.violations, *self.warnings))
+
+    def message(self) -> str:
+        """Every violation, one after the other: the denial's `status.message`."""
+        return "; ".join(f.render() for f in self.violations)
