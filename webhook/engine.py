@@ -1,27 +1,424 @@
 """The policy engine: one decision path for the admission server, `check`, `test` and `audit`.
 
-(Being written: the signatures below are the stable interface.)
+`evaluate(policy, object, context)` returns a `Verdict`: violations (denials), warnings and edits. It reads
+nothing but its arguments. The checks, in the order a person would fix them:
+
+1. per container: GPU quantities parse, are whole and non-negative, are set in limits, and requests equal
+   limits (the API server's own rules, said earlier and with a fix); per-container maxima;
+2. no GPUs in pod-level `spec.resources`;
+3. the Pod's class (one value per axis: Pod label, else namespace default, else cluster default) exists,
+   the namespace may use it, the effective GPU count fits it, and what the developer wrote agrees with it;
+4. GPU access the scheduler does not see (GPU env, runtime class or taint toleration without a request);
+5. then, for GPU Pods on CREATE: the class's nodeSelector, tolerations and other fields as edits (the
+   mutating endpoint), or, at the validating endpoint, a violation when they are missing.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
-from webhook.findings import Mode, Operation, Verdict
-from webhook.rules import Policy
+from webhook import pods, quantity
+from webhook.findings import Edit, Finding, Mode, Operation, Verdict
+from webhook.pods import ContainerRef, PodSpecRef, render_path
+from webhook.rules import ANNOTATION_PREFIX, Axis, Contribution, Policy
+
+MIRROR_ANNOTATION = "kubernetes.io/config.mirror"
+CLASS_ANNOTATION = ANNOTATION_PREFIX + "class"
+RULES_ANNOTATION = ANNOTATION_PREFIX + "rules"
+DEFAULT_SCHEDULER = "default-scheduler"
+NO_GPU_VALUES = frozenset({"void", "none", ""})
+GPU_ENV = "NVIDIA_VISIBLE_DEVICES"
 
 
 @dataclass(frozen=True)
 class Context:
-    """Where an object is being admitted: the authoritative namespace, the operation, and which endpoint asks."""
+    """Where an object is being admitted: the authoritative namespace, the operation, and which endpoint asks.
+
+    `old_object` is the stored object on UPDATE: a workload whose pod template did not change is not
+    re-judged, so scaling or relabelling an existing Deployment is never blocked by a newer rule.
+    """
 
     namespace: str | None
     operation: Operation = "CREATE"
     mode: Mode = "mutate"
+    old_object: Mapping[str, Any] | None = None
+
+
+@dataclass
+class _Collector:
+    """Findings and edits gathered while one object is evaluated."""
+
+    policy: Policy
+    findings: list[Finding] = field(default_factory=list)
+    edits: list[Edit] = field(default_factory=list)
+
+    def add(self, rule: str, message: str) -> None:
+        level = self.policy.enforcement_of(rule)
+        if level != "off":
+            self.findings.append(Finding(rule, message, level))
+
+
+@dataclass(frozen=True)
+class ChosenClass:
+    """The class a GPU Pod runs in: one (axis, value, how it was chosen) per axis."""
+
+    picks: tuple[tuple[Axis, str, str], ...]
+
+    @property
+    def name(self) -> str:
+        return ",".join(f"{axis.name}={value}" for axis, value, _ in self.picks) or "default"
+
+    def contributions(self) -> list[tuple[str, Contribution]]:
+        return [(f"{axis.name} {value}", axis.values[value]) for axis, value, _ in self.picks]
 
 
 def evaluate(policy: Policy, obj: Mapping[str, Any] | None, ctx: Context) -> Verdict:
-    """Decide on one object."""
-    return Verdict()
+    """Decide on one object (a Pod, a workload with a pod template, or anything else: allowed untouched)."""
+    if not isinstance(obj, Mapping) or ctx.operation in ("DELETE", "CONNECT"):
+        return Verdict()
+    metadata = _mapping(obj.get("metadata"))
+    namespace = ctx.namespace or metadata.get("namespace") or "default"
+    if namespace in policy.exempt_namespaces:
+        return Verdict(notes=(f"namespace {namespace} is exempt",))
+    kind = obj.get("kind")
+    if kind == "Pod" and ctx.operation == "UPDATE":
+        return Verdict(notes=("Pod updates cannot change placement or resources; not judged",))
+    specs = pods.pod_specs(obj)
+    if ctx.operation == "UPDATE" and ctx.old_object is not None and _templates_unchanged(specs, ctx.old_object):
+        return Verdict(notes=("pod template unchanged by this update; not judged",))
+    collector = _Collector(policy)
+    gpu_class: str | None = None
+    total = 0
+    for ref in specs:
+        result = _evaluate_spec(policy, obj, ref, namespace, ctx, collector)
+        if result is not None:
+            gpu_class, count = result
+            total += count
+    violations = tuple(f for f in collector.findings if f.enforcement == "deny")
+    warnings = tuple(f for f in collector.findings if f.enforcement == "warn")
+    edits = () if violations else tuple(collector.edits)
+    return Verdict(violations=violations, warnings=warnings, edits=edits, gpu_class=gpu_class, gpus=total)
+
+
+def _mapping(value: Any) -> Mapping[str, Any]:
+    """`value` when it is a mapping, else an empty one: objects from users may hold anything anywhere."""
+    return value if isinstance(value, Mapping) else {}
+
+
+def _templates_unchanged(specs: Sequence[PodSpecRef], old: Mapping[str, Any]) -> bool:
+    return bool(specs) and all(
+        pods.get(old, ref.spec_path) == ref.spec and (pods.get(old, ref.metadata_path) or {}) == ref.metadata
+        for ref in specs
+    )
+
+
+def _evaluate_spec(policy: Policy, obj: Mapping[str, Any], ref: PodSpecRef, namespace: str, ctx: Context,
+                   out: _Collector) -> tuple[str, int] | None:
+    """Check one pod spec; returns (class name, GPU count) for a GPU pod spec, None otherwise."""
+    per_resource = _check_containers(policy, ref, out)
+    _check_pod_level(policy, ref, out)
+    gpus = sum(pods.effective_count(counts) for counts in per_resource.values())
+    if gpus == 0:
+        _check_unaccounted_access(policy, ref, out)
+        return None
+    chosen = _choose_class(policy, ref, namespace, out)
+    if chosen is None:
+        return None
+    _check_class_fit(policy, ref, chosen, per_resource, gpus, out)
+    if ref.spec_path == ("spec",) and isinstance(ref.spec.get("nodeName"), str) and ref.spec.get("nodeName"):
+        out.add("gpu-node-name-preset",
+                f"spec.nodeName is {ref.spec['nodeName']!r}: this GPU Pod bypasses the scheduler and its GPU "
+                "accounting; remove spec.nodeName and let the class nodeSelector place it")
+    is_mirror = MIRROR_ANNOTATION in ((obj.get("metadata") or {}).get("annotations") or {})
+    edits = _class_edits(policy, ref, chosen)
+    if ctx.mode == "mutate":
+        if not is_mirror and (not ref.is_template or policy.mutate_templates) and obj.get("kind") in pods.KNOWN_KINDS:
+            out.edits.extend(edits)
+    elif not ref.is_template and not is_mirror:
+        _require_class(ref, chosen, edits, out)
+    return chosen.name, gpus
+
+
+# --------------------------------------------------------------------------------------------- containers
+
+
+def _check_containers(policy: Policy, ref: PodSpecRef, out: _Collector) -> dict[str, list[tuple[ContainerRef, int]]]:
+    """Per-container quantity rules; returns, per GPU resource name, each container's valid count."""
+    per_resource: dict[str, list[tuple[ContainerRef, int]]] = {}
+    for cref in pods.containers(ref):
+        resources = cref.container.get("resources")
+        if not isinstance(resources, Mapping):
+            continue
+        limits = _mapping(resources.get("limits"))
+        requests = _mapping(resources.get("requests"))
+        names = [n for n in dict.fromkeys([*limits, *requests]) if isinstance(n, str) and policy.gpu_resource(n)]
+        for name in names:
+            count = _check_quantity(policy, cref, name, limits, requests, out)
+            per_resource.setdefault(name, []).append((cref, count))
+    return per_resource
+
+
+def _check_quantity(policy: Policy, cref: ContainerRef, name: str, limits: Mapping[str, Any],
+                    requests: Mapping[str, Any], out: _Collector) -> int:
+    """One GPU resource of one container; returns the count it asks for (0 when it is invalid)."""
+    where = cref.where()
+    values: dict[str, int | None] = {}
+    for part, table in (("limits", limits), ("requests", requests)):
+        if name not in table:
+            continue
+        raw = table[name]
+        shown = quantity.display(raw)
+        try:
+            value = quantity.parse(raw)
+        except quantity.QuantityError as err:
+            out.add("gpu-quantity-invalid", f"{where}: resources.{part}[{name}]: Invalid value: {err}")
+            values[part] = None
+            continue
+        if value < 0:
+            out.add("gpu-quantity-invalid",
+                    f'{where}: resources.{part}[{name}]: Invalid value: "{shown}": must be greater than or equal '
+                    f"to 0; ask for a whole number of GPUs such as 1")
+            values[part] = None
+        elif value.denominator != 1:
+            out.add("gpu-whole-number",
+                    f'{where}: resources.{part}[{name}]: Invalid value: "{shown}": must be an integer; a GPU '
+                    f"cannot be split this way: ask for whole GPUs, or use a shared (nvidia.com/gpu.shared) or "
+                    f"MIG (nvidia.com/mig-1g.5gb) resource")
+            values[part] = None
+        else:
+            values[part] = int(value)
+    limit, request = values.get("limits"), values.get("requests")
+    if "requests" in values and "limits" not in values:
+        out.add("gpu-limits-required",
+                f"{where}: {name} is in requests but not in limits; GPUs are requested in limits: move "
+                f"{name}: {quantity.display(requests[name])} to resources.limits")
+        return 0
+    if limit is not None and request is not None and limit != request:
+        out.add("gpu-requests-equal-limits",
+                f'{where}: resources.requests: Invalid value: "{quantity.display(requests[name])}": must be equal '
+                f"to {name} limit of {quantity.display(limits[name])}; set requests equal to limits, or remove "
+                f"the request (it defaults to the limit)")
+    count = limit if limit is not None else 0
+    resource = policy.gpu_resource(name)
+    if resource and resource.max_per_container is not None and count > resource.max_per_container:
+        why = f" ({resource.reason})" if resource.reason else ""
+        out.add("gpu-per-container-max",
+                f"{where}: asks for {count} {name} but a container may have at most {resource.max_per_container}"
+                f"{why}; ask for {resource.max_per_container}, or use whole GPUs (nvidia.com/gpu)")
+    return count
+
+
+def _check_pod_level(policy: Policy, ref: PodSpecRef, out: _Collector) -> None:
+    resources = ref.spec.get("resources")
+    if not isinstance(resources, Mapping):
+        return
+    for part in ("limits", "requests"):
+        table = resources.get(part)
+        if not isinstance(table, Mapping):
+            continue
+        for name in table:
+            if isinstance(name, str) and policy.gpu_resource(name):
+                out.add("gpu-pod-level-resources",
+                        f"{render_path((*ref.spec_path, 'resources', part))}[{name}]: GPUs cannot be set in pod-level "
+                        "resources (only cpu, memory and hugepages can); move it to each container's "
+                        "resources.limits")
+
+
+def _check_unaccounted_access(policy: Policy, ref: PodSpecRef, out: _Collector) -> None:
+    """A spec with no GPU request that can still reach GPUs, or sits on GPU nodes for nothing."""
+    for cref in pods.containers(ref):
+        env = cref.container.get("env")
+        for var in env if isinstance(env, list) else []:
+            if isinstance(var, Mapping) and var.get("name") == GPU_ENV and "value" in var:
+                value = str(var.get("value") or "")
+                if value.strip().lower() not in NO_GPU_VALUES:
+                    out.add("gpu-env-without-request",
+                            f"{cref.where()}: {GPU_ENV}={value} without a GPU request: the scheduler does not count "
+                            "these GPUs; request nvidia.com/gpu in limits")
+    runtime = ref.spec.get("runtimeClassName")
+    if isinstance(runtime, str) and runtime in policy.gpu_runtime_classes:
+        out.add("gpu-runtime-without-request",
+                f"{render_path((*ref.spec_path, 'runtimeClassName'))}={runtime} without a GPU request; "
+                "request nvidia.com/gpu in limits, or drop the runtime class")
+    tolerations = ref.spec.get("tolerations")
+    taint_keys = policy.gpu_taint_keys
+    for tol in tolerations if isinstance(tolerations, list) else []:
+        if isinstance(tol, Mapping) and tol.get("key") in taint_keys and tol.get("effect") in (None, "", "NoSchedule"):
+            out.add("gpu-toleration-without-request",
+                    f"{render_path((*ref.spec_path, 'tolerations'))}: tolerates {tol.get('key')} without a GPU "
+                    "request, so it may occupy a GPU node; drop the toleration or request a GPU")
+            break
+
+
+# --------------------------------------------------------------------------------------------- classes
+
+
+def _choose_class(policy: Policy, ref: PodSpecRef, namespace: str, out: _Collector) -> ChosenClass | None:
+    labels = _mapping(ref.metadata.get("labels"))
+    ns_policy = policy.namespaces.get(namespace)
+    labels_path = render_path((*ref.metadata_path, "labels"))
+    picks: list[tuple[Axis, str, str]] = []
+    ok = True
+    for axis in policy.axes:
+        label_value = labels.get(axis.label)
+        if label_value is not None:
+            value, how = str(label_value), f"label {axis.label}"
+        elif ns_policy and axis.name in ns_policy.defaults:
+            value, how = ns_policy.defaults[axis.name], f"namespace {namespace} default"
+        elif axis.default is not None:
+            value, how = axis.default, "cluster default"
+        else:
+            continue
+        if value not in axis.values:
+            out.add("gpu-class-unknown",
+                    f'{labels_path}[{axis.label}]: "{value}" is not a {axis.name} class; choose one of: '
+                    f"{', '.join(axis.values)}")
+            ok = False
+            continue
+        allowed = ns_policy.allowed.get(axis.name) if ns_policy else None
+        if allowed is not None and value not in allowed:
+            out.add("gpu-class-not-allowed",
+                    f"namespace {namespace} may not use {axis.name} {value} (from the {how}); set the label "
+                    f"{axis.label} to one of: {', '.join(allowed)}")
+            ok = False
+            continue
+        picks.append((axis, value, how))
+    return ChosenClass(tuple(picks)) if ok else None
+
+
+def _check_class_fit(policy: Policy, ref: PodSpecRef, chosen: ChosenClass,
+                     per_resource: Mapping[str, list[tuple[ContainerRef, int]]], gpus: int, out: _Collector) -> None:
+    limits = [(c.max_gpus_per_pod, source) for source, c in chosen.contributions() if c.max_gpus_per_pod]
+    if limits:
+        cap, source = min(limits)
+        if gpus > cap:
+            names = ", ".join(per_resource)
+            out.add("gpu-class-max",
+                    f"the Pod needs {gpus} GPUs ({names}: containers and sidecars, or the largest init container) "
+                    f"but class {chosen.name} allows at most {cap} (set by {source}); ask for fewer, or pick a "
+                    "class that allows more with the class labels")
+    spec_path = ref.spec_path
+    selector = _mapping(ref.spec.get("nodeSelector"))
+    for source, contribution in chosen.contributions():
+        for key, value in contribution.node_selector.items():
+            mine = selector.get(key)
+            if mine is not None and mine != value:
+                out.add("gpu-class-conflict",
+                        f'{render_path((*spec_path, "nodeSelector"))}[{key}] is "{mine}" but class {chosen.name} '
+                        f'({source}) requires "{value}"; remove it from the Pod (the webhook adds it) or pick the '
+                        "class you meant with the class labels")
+        for field_name, wanted in _class_fields(contribution):
+            mine = ref.spec.get(field_name)
+            if field_name == "schedulerName" and mine == DEFAULT_SCHEDULER:
+                continue
+            if isinstance(mine, str) and mine and mine != wanted:
+                out.add("gpu-class-conflict",
+                        f'{render_path((*spec_path, field_name))} is "{mine}" but class {chosen.name} ({source}) '
+                        f'requires "{wanted}"; remove it from the Pod or pick the class you meant')
+
+
+def _class_fields(contribution: Contribution) -> list[tuple[str, str]]:
+    """The single-valued pod spec fields a class axis value requires."""
+    fields = [
+        ("runtimeClassName", contribution.runtime_class_name),
+        ("priorityClassName", contribution.priority_class_name),
+        ("schedulerName", contribution.scheduler_name),
+    ]
+    return [(name, value) for name, value in fields if value]
+
+
+# --------------------------------------------------------------------------------------------- edits
+
+
+def _class_edits(policy: Policy, ref: PodSpecRef, chosen: ChosenClass) -> list[Edit]:
+    """Everything the class adds that the spec does not already have, as edits; never over a written value."""
+    spec, path = ref.spec, ref.spec_path
+    contributions = [policy.common, *(c for _, c in chosen.contributions())]
+    edits: list[Edit] = []
+    selector = _mapping(spec.get("nodeSelector"))
+    for contribution in contributions:
+        for key, value in contribution.node_selector.items():
+            if key not in selector and not any(e.key == key for e in edits if e.path[-1:] == ("nodeSelector",)):
+                edits.append(Edit("set", (*path, "nodeSelector"), key, value))
+    existing = [t for t in spec.get("tolerations") or [] if isinstance(t, Mapping)] \
+        if isinstance(spec.get("tolerations"), list) else []
+    for contribution in contributions:
+        for tol in contribution.tolerations:
+            if not any(_covers(have, tol) for have in existing):
+                edits.append(Edit("append", (*path, "tolerations"), None, dict(tol)))
+                existing.append(tol)
+    for field_name, wanted in _single_fields(contributions):
+        current = spec.get(field_name)
+        if current in (None, "") or (field_name == "schedulerName" and current == DEFAULT_SCHEDULER != wanted):
+            edits.append(Edit("set", path, field_name, wanted))
+            if field_name == "priorityClassName" and not ref.is_template:
+                # The Priority plugin refuses a Pod whose integer priority was computed before the class name
+                # was set; dropping it lets the plugin recompute both on reinvocation.
+                edits.extend(Edit("remove", path, f) for f in ("priority", "preemptionPolicy") if f in spec)
+    affinity = next((c.node_affinity for c in contributions if c.node_affinity), None)
+    current_affinity = _mapping(spec.get("affinity"))
+    if affinity and "nodeAffinity" not in current_affinity:
+        edits.append(Edit("set", (*path, "affinity"), "nodeAffinity", dict(affinity)))
+    edits.extend(_metadata_edits(ref, contributions))
+    if edits:
+        annotations = _mapping(ref.metadata.get("annotations"))
+        for key, value in ((CLASS_ANNOTATION, chosen.name), (RULES_ANNOTATION, policy.digest)):
+            if key not in annotations:
+                edits.append(Edit("set", (*ref.metadata_path, "annotations"), key, value))
+    return edits
+
+
+def _single_fields(contributions: Sequence[Contribution]) -> list[tuple[str, str]]:
+    """runtimeClassName, priorityClassName, schedulerName: an axis value's requirement wins over `common`."""
+    chosen: dict[str, str] = {}
+    for contribution in contributions:
+        for name, value in (("runtimeClassName", contribution.runtime_class_name),
+                            ("priorityClassName", contribution.priority_class_name),
+                            ("schedulerName", contribution.scheduler_name)):
+            if value:
+                chosen[name] = value
+    return list(chosen.items())
+
+
+def _metadata_edits(ref: PodSpecRef, contributions: Sequence[Contribution]) -> list[Edit]:
+    edits: list[Edit] = []
+    for part in ("labels", "annotations"):
+        current = _mapping(ref.metadata.get(part))
+        for contribution in contributions:
+            for key, value in getattr(contribution, part).items():
+                if key not in current and not any(e.key == key and e.path[-1] == part for e in edits):
+                    edits.append(Edit("set", (*ref.metadata_path, part), key, value))
+    return edits
+
+
+def _covers(have: Mapping[str, Any], want: Mapping[str, Any]) -> bool:
+    """Whether an existing toleration already tolerates everything `want` does (Kubernetes semantics)."""
+    if have.get("effect") not in (None, "", want.get("effect")):
+        return False
+    if have.get("tolerationSeconds") is not None and have.get("tolerationSeconds") != want.get("tolerationSeconds"):
+        return False
+    have_op = have.get("operator") or "Equal"
+    if have_op == "Exists":
+        return not have.get("key") or have.get("key") == want.get("key")
+    want_op = want.get("operator") or "Equal"
+    return want_op == "Equal" and have.get("key") == want.get("key") and (have.get("value") or "") == (
+        want.get("value") or "")
+
+
+def _require_class(ref: PodSpecRef, chosen: ChosenClass, edits: Sequence[Edit], out: _Collector) -> None:
+    """At /validate: what the mutating webhook would have added must already be there."""
+    missing = []
+    for edit in edits:
+        if edit.path[-1:] == ("nodeSelector",):
+            missing.append(f"nodeSelector {edit.key}={edit.value}")
+        elif edit.kind == "append":
+            tol = edit.value
+            missing.append(f"toleration {tol.get('key', '*')}{'=' + tol['value'] if tol.get('value') else ''}"
+                           f":{tol.get('effect') or '*'}")
+    if missing:
+        out.add("gpu-class-missing",
+                f"the Pod lacks what class {chosen.name} requires: {', '.join(missing)}; the mutating webhook "
+                "mutate.gpu-webhook.io adds these and was skipped (it fails open): re-create the Pod, or add "
+                "them to its spec")

@@ -31,17 +31,18 @@ class Finding:
 class Edit:
     """A change the engine wants, as data; `patch.operations` turns edits into RFC 6902 operations.
 
-    `path` addresses the parent container in the object (tuple of map keys and list indices).
-    kind "set-key":   set `key` to `value` in the map at `path` (the map may be absent; never clobbers:
-                      the engine only emits it for absent keys).
-    kind "append":    append `value` to the list at `path` (the list may be absent).
-    kind "set-field": set the field `key` of the map at `path` to `value` (only emitted when absent).
+    `path` addresses a container (map or list) in the object, as map keys and list indices.
+    "set":    set `key` to `value` in the map at `path`; the map may be absent (it is then added whole).
+              The engine emits it only where the object has no value, or a defaulted one, never over
+              what a person wrote.
+    "append": append `value` to the list at `path`; the list may be absent (it is then added whole).
+    "remove": remove `key` from the map at `path` (emitted only when present).
     """
 
-    kind: Literal["set-key", "append", "set-field"]
+    kind: Literal["set", "append", "remove"]
     path: tuple[str | int, ...]
     key: str | None
-    value: Any
+    value: Any = None
 
 
 @dataclass(frozen=True)

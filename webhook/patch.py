@@ -1,13 +1,79 @@
-"""Edits -> RFC 6902 JSON Patch operations (being written: stable interface below)."""
+"""Edits -> RFC 6902 JSON Patch operations.
+
+Operations are built directly from the edits, never by diffing whole objects: a key goes in with
+`add /parent/key` when its map exists, and a missing map or list is added whole at the shallowest missing
+level (`add /spec/nodeSelector {...}`), because `add` below a missing parent fails in the API server
+("doc is missing path"). Every reference token is escaped as RFC 6901 requires (`nvidia.com~1gpu`).
+"""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from copy import deepcopy
 from typing import Any
 
 from webhook.findings import Edit
 
+Path = tuple[str | int, ...]
+
+
+def pointer(path: Sequence[str | int]) -> str:
+    """A JSON Pointer for `path`: `~` -> `~0` first, then `/` -> `~1` (RFC 6901 section 3)."""
+    return "".join("/" + str(step).replace("~", "~0").replace("/", "~1") for step in path)
+
 
 def operations(obj: Mapping[str, Any], edits: Sequence[Edit]) -> list[dict[str, Any]]:
-    """The smallest correct JSON Patch that applies `edits` to `obj`."""
-    return []
+    """The smallest correct JSON Patch that applies `edits` to `obj` (empty: nothing to change)."""
+    ops: list[dict[str, Any]] = []
+    created: dict[Path, Any] = {}
+    for edit in edits:
+        anchor = _missing_root(obj, edit.path)
+        value = deepcopy(edit.value)
+        if anchor is None:
+            if edit.kind == "set":
+                ops.append({"op": "add", "path": pointer((*edit.path, str(edit.key))), "value": value})
+            elif edit.kind == "append":
+                ops.append({"op": "add", "path": pointer((*edit.path, "-")), "value": value})
+            elif isinstance(_get(obj, edit.path), Mapping) and edit.key in _get(obj, edit.path):
+                ops.append({"op": "remove", "path": pointer((*edit.path, str(edit.key)))})
+            continue
+        if edit.kind == "remove":
+            continue
+        if anchor not in created:
+            created[anchor] = [] if (anchor == edit.path and edit.kind == "append") else {}
+            ops.append({"op": "add", "path": pointer(anchor), "value": created[anchor]})
+        node = created[anchor]
+        rest = edit.path[len(anchor):]
+        for i, step in enumerate(rest):
+            last = i == len(rest) - 1
+            node = node.setdefault(step, [] if (last and edit.kind == "append") else {})
+        if edit.kind == "append":
+            node.append(value)
+        else:
+            node[edit.key] = value
+    return ops
+
+
+def _get(obj: Any, path: Path) -> Any:
+    node = obj
+    for step in path:
+        if isinstance(node, Mapping):
+            node = node.get(step)
+        elif isinstance(node, list) and isinstance(step, int) and step < len(node):
+            node = node[step]
+        else:
+            return None
+    return node
+
+
+def _missing_root(obj: Mapping[str, Any], path: Path) -> Path | None:
+    """The shallowest prefix of `path` that is absent (or null) in `obj`; None when all of it exists."""
+    node: Any = obj
+    for depth, step in enumerate(path):
+        in_map = isinstance(node, Mapping) and node.get(step) is not None
+        in_list = isinstance(node, list) and isinstance(step, int) and step < len(node)
+        if in_map or in_list:
+            node = node[step]
+        else:
+            return path[: depth + 1]
+    return None

@@ -1,20 +1,405 @@
-"""The rule-file model (being written: the names below are the stable interface)."""
+"""The rule-file model: already-read YAML text in, one frozen `Policy` out.
+
+A rule directory holds one or more files, each with one or more `GPUPolicy` documents. Each document is
+validated on its own against the published JSON Schema (`webhook/schema/gpu-policy.schema.json`), so an
+error names the file, the document, the line and the field. Documents are then merged in file-name order,
+then document order:
+
+- maps merge key by key, at every depth (axes, axis values, namespaces, gpuResources, enforcement, ...);
+- lists of strings (exemptNamespaces, gpuRuntimeClasses, allowed values) are unioned, first seen first;
+- any other value defined twice must be equal: two documents that disagree are refused, naming both.
+
+So the result never depends on which of two conflicting files happens to be read last.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+import difflib
+import fnmatch
+import hashlib
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from functools import cache
+from importlib.resources import files
+from typing import Any, cast
+
+import jsonschema
+import yaml
+
+from webhook.findings import Enforcement
+
+API_VERSION = "gpu-webhook.io/v1alpha1"
+KIND = "GPUPolicy"
+ANNOTATION_PREFIX = "gpu-webhook.io/"
+
+# Every check the engine makes: stable id -> (default enforcement, what it guards).
+RULES: dict[str, tuple[Enforcement, str]] = {
+    "gpu-limits-required": ("deny", "a GPU is in requests but not in limits"),
+    "gpu-requests-equal-limits": ("deny", "GPU requests differ from limits"),
+    "gpu-whole-number": ("deny", "a GPU quantity is not a whole number"),
+    "gpu-quantity-invalid": ("deny", "a GPU quantity is negative or not a quantity"),
+    "gpu-pod-level-resources": ("deny", "GPUs in pod-level spec.resources"),
+    "gpu-per-container-max": ("deny", "more of a GPU resource in one container than it allows"),
+    "gpu-class-max": ("deny", "more GPUs in the Pod than its class allows"),
+    "gpu-class-unknown": ("deny", "a class label value the rules do not define"),
+    "gpu-class-not-allowed": ("deny", "a class the namespace may not use"),
+    "gpu-class-conflict": ("deny", "the Pod's own nodeSelector or runtimeClassName contradicts its class"),
+    "gpu-class-missing": ("deny", "a GPU Pod at /validate lacks what its class requires"),
+    "gpu-env-without-request": ("warn", "NVIDIA_VISIBLE_DEVICES set without a GPU request"),
+    "gpu-runtime-without-request": ("warn", "a GPU runtime class without a GPU request"),
+    "gpu-toleration-without-request": ("warn", "the GPU taint is tolerated without a GPU request"),
+    "gpu-node-name-preset": ("warn", "a GPU Pod with spec.nodeName set bypasses the scheduler"),
+}
 
 
 class RuleError(ValueError):
-    """A rule file that cannot be used; str() names the file, the document, the field and what was expected."""
+    """A rule file that cannot be used; the message names the file, the document, the field and the fix."""
+
+
+@dataclass(frozen=True)
+class Contribution:
+    """What a class axis value (or every GPU Pod, for `common`) adds to a Pod. Treat as read-only."""
+
+    node_selector: Mapping[str, str] = field(default_factory=dict)
+    tolerations: tuple[Mapping[str, Any], ...] = ()
+    node_affinity: Mapping[str, Any] | None = None
+    runtime_class_name: str | None = None
+    priority_class_name: str | None = None
+    scheduler_name: str | None = None
+    labels: Mapping[str, str] = field(default_factory=dict)
+    annotations: Mapping[str, str] = field(default_factory=dict)
+    max_gpus_per_pod: int | None = None
+
+
+@dataclass(frozen=True)
+class Axis:
+    """One dimension of the class map: the Pod label that picks it, its default and its values."""
+
+    name: str
+    label: str
+    default: str | None
+    values: Mapping[str, Contribution]
+
+
+@dataclass(frozen=True)
+class GPUResource:
+    """An extended resource (or glob of them) that counts as a GPU."""
+
+    pattern: str
+    max_per_container: int | None = None
+    reason: str | None = None
+
+    def matches(self, name: str) -> bool:
+        return fnmatch.fnmatchcase(name, self.pattern)
+
+
+@dataclass(frozen=True)
+class NamespacePolicy:
+    """A namespace's default class values and the values it may use, by axis name."""
+
+    defaults: Mapping[str, str] = field(default_factory=dict)
+    allowed: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
 class Policy:
+    """The merged, validated rules. Built only by `parse_sources`; never changed afterwards."""
+
+    resources: tuple[GPUResource, ...]
+    axes: tuple[Axis, ...]
+    common: Contribution
+    namespaces: Mapping[str, NamespacePolicy]
+    exempt_namespaces: frozenset[str]
+    gpu_runtime_classes: frozenset[str]
+    enforcement: Mapping[str, Enforcement]
+    mutate_templates: bool
     digest: str
+    sources: tuple[str, ...] = ()
+
+    def enforcement_of(self, rule: str) -> Enforcement:
+        return self.enforcement.get(rule, RULES[rule][0])
+
+    def gpu_resource(self, name: str) -> GPUResource | None:
+        """The GPU family entry for a resource name, or None when the name is not a GPU."""
+        return _match_resource(self.resources, name)
+
+    @property
+    def gpu_taint_keys(self) -> frozenset[str]:
+        """Taint keys that mark GPU nodes: the common tolerations' keys and the exact GPU resource names."""
+        keys = {str(t.get("key")) for t in self.common.tolerations if t.get("key")}
+        keys.update(r.pattern for r in self.resources if "*" not in r.pattern)
+        return frozenset(keys)
+
+
+@cache
+def _match_resource(resources: tuple[GPUResource, ...], name: str) -> GPUResource | None:
+    for resource in resources:
+        if resource.matches(name):
+            return resource
+    return None
+
+
+@cache
+def schema() -> dict[str, Any]:
+    """The published JSON Schema of one rule document."""
+    text = files("webhook").joinpath("schema/gpu-policy.schema.json").read_text()
+    return cast(dict[str, Any], json.loads(text))
+
+
+@cache
+def _validator() -> jsonschema.protocols.Validator:
+    cls = jsonschema.validators.validator_for(schema())
+    validator: jsonschema.protocols.Validator = cls(schema())
+    return validator
+
+
+# --------------------------------------------------------------------------------------------- parsing
+
+
+@dataclass(frozen=True)
+class _Doc:
+    file: str
+    index: int
+    name: str
+    body: Mapping[str, Any]
+    node: yaml.Node | None
+
+    def where(self) -> str:
+        named = f' (GPUPolicy "{self.name}")' if self.name else ""
+        return f"{self.file}: document {self.index}{named}"
+
+    def line_of(self, path: Sequence[str | int]) -> int | None:
+        return _line_of(self.node, path)
 
 
 def parse_sources(sources: Sequence[tuple[str, str]]) -> Policy:
-    """Parse [(file name, YAML text)] into one merged Policy, or raise RuleError."""
-    return Policy(digest="0" * 12)
+    """Parse [(file name, YAML text)] into one merged Policy, or raise RuleError naming file/document/field."""
+    docs: list[_Doc] = []
+    for name, text in sorted(sources, key=lambda s: s[0]):
+        docs.extend(_read_file(name, text))
+    if not docs:
+        raise RuleError("no GPUPolicy documents found: add a rule file (see rules/gpu-policy.yaml)")
+    merged, origin = _merge(docs)
+    return _build(merged, origin, tuple(d.file for d in docs))
+
+
+def _read_file(name: str, text: str) -> list[_Doc]:
+    try:
+        nodes = list(yaml.compose_all(text, Loader=yaml.SafeLoader))
+        bodies = list(yaml.safe_load_all(text))
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        line = f" line {mark.line + 1}" if mark is not None else ""
+        problem = getattr(err, "problem", None) or str(err)
+        raise RuleError(f"{name}:{line}: not valid YAML: {problem}; fix the syntax (safe YAML only, no tags)") from None
+    docs = []
+    for index, (node, body) in enumerate(zip(nodes, bodies, strict=True), start=1):
+        if body is None:
+            continue
+        meta = body.get("metadata") if isinstance(body, dict) else None
+        doc_name = str(meta.get("name", "")) if isinstance(meta, dict) else ""
+        doc = _Doc(name, index, doc_name, body, node)
+        _check_schema(doc)
+        docs.append(doc)
+    return docs
+
+
+def _check_schema(doc: _Doc) -> None:
+    errors = sorted(_validator().iter_errors(doc.body), key=lambda e: (len(e.absolute_path), list(map(str, e.path))))
+    if not errors:
+        return
+    lines = [_describe(doc, err) for err in errors[:5]]
+    more = f" (and {len(errors) - 5} more)" if len(errors) > 5 else ""
+    raise RuleError("; ".join(lines) + more)
+
+
+def _describe(doc: _Doc, err: jsonschema.ValidationError) -> str:
+    path = list(err.absolute_path)
+    line = doc.line_of(path)
+    at = f" line {line}" if line else ""
+    field_name = _dotted(path) or "(document)"
+    expected = _expectation(err)
+    return f"{doc.where()}{at}: {field_name}: {expected}"
+
+
+def _expectation(err: jsonschema.ValidationError) -> str:
+    """What the schema wanted, in words a platform engineer can act on."""
+    validator, value = err.validator, cast(Any, err.validator_value)
+    if validator == "additionalProperties" and isinstance(err.instance, dict) and isinstance(err.schema, dict):
+        allowed = sorted(err.schema.get("properties", {}))
+        extra = [k for k in err.instance if k not in allowed]
+        hints = []
+        for key in extra:
+            close = difflib.get_close_matches(str(key), allowed, n=1)
+            hints.append(f'"{key}"' + (f' (did you mean "{close[0]}"?)' if close else ""))
+        return f"unknown field {', '.join(hints)}; allowed fields: {', '.join(allowed)}"
+    if validator == "required":
+        return f"{err.message}; add it"
+    if validator == "const":
+        return f"must be {value!r}, got {err.instance!r}"
+    if validator == "enum":
+        return f"must be one of {', '.join(map(repr, value))}, got {err.instance!r}"
+    if validator == "type":
+        return f"expected {value if isinstance(value, str) else ' or '.join(value)}, got {_json_type(err.instance)}"
+    if validator == "pattern":
+        return f"{err.instance!r} is not a valid name here (Kubernetes label/DNS syntax: letters, digits, '-', '.')"
+    if validator == "minimum":
+        return f"must be at least {value}, got {err.instance!r}"
+    return err.message
+
+
+def _json_type(value: Any) -> str:
+    names = {dict: "a mapping", list: "a list", str: "a string", bool: "a boolean", int: "an integer",
+             float: "a number"}
+    return "null" if value is None else names.get(type(value), type(value).__name__) + f" ({value!r})"[:60]
+
+
+def _dotted(path: Sequence[str | int]) -> str:
+    out = ""
+    for step in path:
+        out += f"[{step}]" if isinstance(step, int) else (f".{step}" if out else str(step))
+    return out
+
+
+def _line_of(node: yaml.Node | None, path: Sequence[str | int]) -> int | None:
+    """The 1-based line of the value at `path` (or its nearest existing parent) in a composed YAML node."""
+    if node is None:
+        return None
+    for step in path:
+        child: yaml.Node | None = None
+        if isinstance(node, yaml.MappingNode):
+            child = next((v for k, v in node.value if getattr(k, "value", None) == str(step)), None)
+            if child is None:
+                key = next((k for k, _ in node.value if getattr(k, "value", None) == str(step)), None)
+                child = key
+        elif isinstance(node, yaml.SequenceNode) and isinstance(step, int) and step < len(node.value):
+            child = node.value[step]
+        if child is None:
+            break
+        node = child
+    return int(node.start_mark.line) + 1
+
+
+# --------------------------------------------------------------------------------------------- merging
+
+_Origin = dict[tuple[str, ...], _Doc]
+
+
+def _merge(docs: Sequence[_Doc]) -> tuple[dict[str, Any], _Origin]:
+    merged: dict[str, Any] = {}
+    origin: _Origin = {}
+    for doc in docs:
+        _merge_into(merged, dict(doc.body.get("spec") or {}), ("spec",), doc, origin)
+    return merged, origin
+
+
+def _merge_into(target: dict[str, Any], incoming: Mapping[str, Any], path: tuple[str, ...], doc: _Doc,
+                origin: _Origin) -> None:
+    for key, value in incoming.items():
+        here = (*path, str(key))
+        if key not in target:
+            target[key] = json.loads(json.dumps(value))
+            origin.setdefault(here, doc)
+        elif isinstance(target[key], dict) and isinstance(value, dict):
+            _merge_into(target[key], value, here, doc, origin)
+        elif isinstance(target[key], list) and isinstance(value, list) and all(isinstance(v, str) for v in value):
+            target[key].extend(v for v in value if v not in target[key])
+        elif target[key] != value:
+            first = origin.get(here)
+            where = first.where() if first else "an earlier document"
+            raise RuleError(
+                f"{doc.where()} line {doc.line_of(here) or '?'}: {_dotted(here)} is {value!r} here but "
+                f"{target[key]!r} in {where}; define it once, or make both the same"
+            )
+
+
+# --------------------------------------------------------------------------------------------- building
+
+
+def _build(spec: Mapping[str, Any], origin: _Origin, sources: tuple[str, ...]) -> Policy:
+    def fail(path: tuple[str, ...], problem: str) -> RuleError:
+        probe = path
+        while probe and probe not in origin:
+            probe = probe[:-1]
+        doc = origin.get(probe)
+        where = f"{doc.where()} line {doc.line_of(path) or '?'}" if doc else "rules"
+        return RuleError(f"{where}: {_dotted(path)}: {problem}")
+
+    classes = spec.get("classes") or {}
+    axes = tuple(
+        Axis(
+            name=name,
+            label=body["label"],
+            default=body.get("default"),
+            values={value: _contribution(c) for value, c in body["values"].items()},
+        )
+        for name, body in (classes.get("axes") or {}).items()
+    )
+    by_name = {a.name: a for a in axes}
+    for axis in axes:
+        if axis.default is not None and axis.default not in axis.values:
+            raise fail(("spec", "classes", "axes", axis.name, "default"),
+                       f'"{axis.default}" is not one of the values: {", ".join(axis.values)}')
+
+    namespaces: dict[str, NamespacePolicy] = {}
+    for ns, body in (spec.get("namespaces") or {}).items():
+        base = ("spec", "namespaces", ns)
+        for part in ("defaults", "allowed"):
+            for axis_name, chosen in (body.get(part) or {}).items():
+                found = by_name.get(axis_name)
+                if found is None:
+                    raise fail((*base, part, axis_name),
+                               f'no class axis "{axis_name}"; axes are: {", ".join(by_name) or "(none)"}')
+                for value in [chosen] if isinstance(chosen, str) else chosen:
+                    if value not in axis.values:
+                        raise fail((*base, part, axis_name),
+                                   f'"{value}" is not a {axis_name} value; choose from {", ".join(axis.values)}')
+        namespaces[ns] = NamespacePolicy(
+            defaults=dict(body.get("defaults") or {}),
+            allowed={k: tuple(v) for k, v in (body.get("allowed") or {}).items()},
+        )
+
+    enforcement: dict[str, Enforcement] = {}
+    for rule, level in (spec.get("enforcement") or {}).items():
+        if rule not in RULES:
+            close = difflib.get_close_matches(rule, RULES, n=1)
+            hint = f' (did you mean "{close[0]}"?)' if close else f"; rule ids are: {', '.join(RULES)}"
+            raise fail(("spec", "enforcement", rule), f'unknown rule id "{rule}"{hint}')
+        enforcement[rule] = level
+
+    resources = tuple(
+        GPUResource(pattern=name, max_per_container=(body or {}).get("maxPerContainer"),
+                    reason=(body or {}).get("reason"))
+        for name, body in (spec.get("gpuResources") or {}).items()
+    )
+    common = _contribution(classes.get("common") or {})
+    runtime_classes = set(spec.get("gpuRuntimeClasses") or [])
+    digest = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:12]
+    return Policy(
+        resources=resources,
+        axes=axes,
+        common=common,
+        namespaces=namespaces,
+        exempt_namespaces=frozenset(spec.get("exemptNamespaces") or ()),
+        gpu_runtime_classes=frozenset(runtime_classes),
+        enforcement=enforcement,
+        mutate_templates=bool((spec.get("templates") or {}).get("mutate", False)),
+        digest=digest,
+        sources=tuple(dict.fromkeys(sources)),
+    )
+
+
+def _contribution(body: Mapping[str, Any]) -> Contribution:
+    affinity = body.get("affinity") or {}
+    return Contribution(
+        node_selector=dict(body.get("nodeSelector") or {}),
+        tolerations=tuple(dict(t) for t in body.get("tolerations") or ()),
+        node_affinity=affinity.get("nodeAffinity"),
+        runtime_class_name=body.get("runtimeClassName"),
+        priority_class_name=body.get("priorityClassName"),
+        scheduler_name=body.get("schedulerName"),
+        labels=dict(body.get("labels") or {}),
+        annotations=dict(body.get("annotations") or {}),
+        max_gpus_per_pod=body.get("maxGPUsPerPod"),
+    )
