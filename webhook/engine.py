@@ -94,12 +94,17 @@ def evaluate(policy: Policy, obj: Mapping[str, Any] | None, ctx: Context) -> Ver
     for ref in specs:
         result = _evaluate_spec(policy, obj, ref, namespace, ctx, collector)
         if result is not None:
-            gpu_class, count = result
-            total += count
+            gpu_class = result[0] or gpu_class
+            total += result[1]
     violations = tuple(f for f in collector.findings if f.enforcement == "deny")
     warnings = tuple(f for f in collector.findings if f.enforcement == "warn")
     edits = () if violations else tuple(collector.edits)
     return Verdict(violations=violations, warnings=warnings, edits=edits, gpu_class=gpu_class, gpus=total)
+
+
+def _placed_by_classes(policy: Policy, name: str) -> bool:
+    resource = policy.gpu_resource(name)
+    return resource is not None and resource.classes
 
 
 def _mapping(value: Any) -> Mapping[str, Any]:
@@ -115,17 +120,19 @@ def _templates_unchanged(specs: Sequence[PodSpecRef], old: Mapping[str, Any]) ->
 
 
 def _evaluate_spec(policy: Policy, obj: Mapping[str, Any], ref: PodSpecRef, namespace: str, ctx: Context,
-                   out: _Collector) -> tuple[str, int] | None:
-    """Check one pod spec; returns (class name, GPU count) for a GPU pod spec, None otherwise."""
+                   out: _Collector) -> tuple[str | None, int] | None:
+    """Check one pod spec; returns (class name or None, GPU count) for a GPU pod spec, None otherwise."""
     per_resource = _check_containers(policy, ref, out)
     _check_pod_level(policy, ref, out)
     gpus = sum(pods.effective_count(counts) for counts in per_resource.values())
     if gpus == 0:
         _check_unaccounted_access(policy, ref, out)
         return None
+    if not any(_placed_by_classes(policy, name) for name, counts in per_resource.items() if any(n for _, n in counts)):
+        return None, gpus
     chosen = _choose_class(policy, ref, namespace, out)
     if chosen is None:
-        return None
+        return None, gpus
     _check_class_fit(policy, ref, chosen, per_resource, gpus, out)
     if ref.spec_path == ("spec",) and isinstance(ref.spec.get("nodeName"), str) and ref.spec.get("nodeName"):
         out.add("gpu-node-name-preset",

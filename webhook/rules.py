@@ -89,6 +89,7 @@ class GPUResource:
     pattern: str
     max_per_container: int | None = None
     reason: str | None = None
+    classes: bool = True
 
     def matches(self, name: str) -> bool:
         return fnmatch.fnmatchcase(name, self.pattern)
@@ -370,7 +371,7 @@ def _build(spec: Mapping[str, Any], origin: _Origin, sources: tuple[str, ...]) -
 
     resources = tuple(
         GPUResource(pattern=name, max_per_container=(body or {}).get("maxPerContainer"),
-                    reason=(body or {}).get("reason"))
+                    reason=(body or {}).get("reason"), classes=(body or {}).get("classes", True))
         for name, body in (spec.get("gpuResources") or {}).items()
     )
     common = _contribution(classes.get("common") or {})
