@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 from webhook import pods, quantity
@@ -66,7 +67,7 @@ class ChosenClass:
 
     picks: tuple[tuple[Axis, str, str], ...]
 
-    @property
+    @cached_property
     def name(self) -> str:
         return ",".join(f"{axis.name}={value}" for axis, value, _ in self.picks) or "default"
 
@@ -76,7 +77,7 @@ class ChosenClass:
 
 def evaluate(policy: Policy, obj: Mapping[str, Any] | None, ctx: Context) -> Verdict:
     """Decide on one object (a Pod, a workload with a pod template, or anything else: allowed untouched)."""
-    if not isinstance(obj, Mapping) or ctx.operation in ("DELETE", "CONNECT"):
+    if not isinstance(obj, dict) or ctx.operation in ("DELETE", "CONNECT"):
         return Verdict()
     metadata = _mapping(obj.get("metadata"))
     namespace = ctx.namespace or metadata.get("namespace") or "default"
@@ -109,7 +110,7 @@ def _placed_by_classes(policy: Policy, name: str) -> bool:
 
 def _mapping(value: Any) -> Mapping[str, Any]:
     """`value` when it is a mapping, else an empty one: objects from users may hold anything anywhere."""
-    return value if isinstance(value, Mapping) else {}
+    return value if isinstance(value, dict) else {}
 
 
 def _templates_unchanged(specs: Sequence[PodSpecRef], old: Mapping[str, Any]) -> bool:
@@ -156,7 +157,7 @@ def _check_containers(policy: Policy, ref: PodSpecRef, out: _Collector) -> dict[
     per_resource: dict[str, list[tuple[ContainerRef, int]]] = {}
     for cref in pods.containers(ref):
         resources = cref.container.get("resources")
-        if not isinstance(resources, Mapping):
+        if not isinstance(resources, dict):
             continue
         limits = _mapping(resources.get("limits"))
         requests = _mapping(resources.get("requests"))
@@ -170,27 +171,25 @@ def _check_containers(policy: Policy, ref: PodSpecRef, out: _Collector) -> dict[
 def _check_quantity(policy: Policy, cref: ContainerRef, name: str, limits: Mapping[str, Any],
                     requests: Mapping[str, Any], out: _Collector) -> int:
     """One GPU resource of one container; returns the count it asks for (0 when it is invalid)."""
-    where = cref.where()
     values: dict[str, int | None] = {}
     for part, table in (("limits", limits), ("requests", requests)):
         if name not in table:
             continue
         raw = table[name]
-        shown = quantity.display(raw)
         try:
             value = quantity.parse(raw)
         except quantity.QuantityError as err:
-            out.add("gpu-quantity-invalid", f"{where}: resources.{part}[{name}]: Invalid value: {err}")
+            out.add("gpu-quantity-invalid", f"{cref.where()}: resources.{part}[{name}]: Invalid value: {err}")
             values[part] = None
             continue
-        if value < 0:
+        if value.numerator < 0:
             out.add("gpu-quantity-invalid",
-                    f'{where}: resources.{part}[{name}]: Invalid value: "{shown}": must be greater than or equal '
+                    f'{cref.where()}: resources.{part}[{name}]: Invalid value: "{quantity.display(raw)}": must be greater than or equal '
                     f"to 0; ask for a whole number of GPUs such as 1")
             values[part] = None
         elif value.denominator != 1:
             out.add("gpu-whole-number",
-                    f'{where}: resources.{part}[{name}]: Invalid value: "{shown}": must be an integer; a GPU '
+                    f'{cref.where()}: resources.{part}[{name}]: Invalid value: "{quantity.display(raw)}": must be an integer; a GPU '
                     f"cannot be split this way: ask for whole GPUs, or use a shared (nvidia.com/gpu.shared) or "
                     f"MIG (nvidia.com/mig-1g.5gb) resource")
             values[part] = None
@@ -199,12 +198,12 @@ def _check_quantity(policy: Policy, cref: ContainerRef, name: str, limits: Mappi
     limit, request = values.get("limits"), values.get("requests")
     if "requests" in values and "limits" not in values:
         out.add("gpu-limits-required",
-                f"{where}: {name} is in requests but not in limits; GPUs are requested in limits: move "
+                f"{cref.where()}: {name} is in requests but not in limits; GPUs are requested in limits: move "
                 f"{name}: {quantity.display(requests[name])} to resources.limits")
         return 0
     if limit is not None and request is not None and limit != request:
         out.add("gpu-requests-equal-limits",
-                f'{where}: resources.requests: Invalid value: "{quantity.display(requests[name])}": must be equal '
+                f'{cref.where()}: resources.requests: Invalid value: "{quantity.display(requests[name])}": must be equal '
                 f"to {name} limit of {quantity.display(limits[name])}; set requests equal to limits, or remove "
                 f"the request (it defaults to the limit)")
     count = limit if limit is not None else 0
@@ -212,18 +211,18 @@ def _check_quantity(policy: Policy, cref: ContainerRef, name: str, limits: Mappi
     if resource and resource.max_per_container is not None and count > resource.max_per_container:
         why = f" ({resource.reason})" if resource.reason else ""
         out.add("gpu-per-container-max",
-                f"{where}: asks for {count} {name} but a container may have at most {resource.max_per_container}"
+                f"{cref.where()}: asks for {count} {name} but a container may have at most {resource.max_per_container}"
                 f"{why}; ask for {resource.max_per_container}, or use whole GPUs (nvidia.com/gpu)")
     return count
 
 
 def _check_pod_level(policy: Policy, ref: PodSpecRef, out: _Collector) -> None:
     resources = ref.spec.get("resources")
-    if not isinstance(resources, Mapping):
+    if not isinstance(resources, dict):
         return
     for part in ("limits", "requests"):
         table = resources.get(part)
-        if not isinstance(table, Mapping):
+        if not isinstance(table, dict):
             continue
         for name in table:
             if isinstance(name, str) and policy.gpu_resource(name):
@@ -238,7 +237,7 @@ def _check_unaccounted_access(policy: Policy, ref: PodSpecRef, out: _Collector) 
     for cref in pods.containers(ref):
         env = cref.container.get("env")
         for var in env if isinstance(env, list) else []:
-            if isinstance(var, Mapping) and var.get("name") == GPU_ENV and "value" in var:
+            if isinstance(var, dict) and var.get("name") == GPU_ENV and "value" in var:
                 value = str(var.get("value") or "")
                 if value.strip().lower() not in NO_GPU_VALUES:
                     out.add("gpu-env-without-request",
@@ -252,7 +251,7 @@ def _check_unaccounted_access(policy: Policy, ref: PodSpecRef, out: _Collector) 
     tolerations = ref.spec.get("tolerations")
     taint_keys = policy.gpu_taint_keys
     for tol in tolerations if isinstance(tolerations, list) else []:
-        if isinstance(tol, Mapping) and tol.get("key") in taint_keys and tol.get("effect") in (None, "", "NoSchedule"):
+        if isinstance(tol, dict) and tol.get("key") in taint_keys and tol.get("effect") in (None, "", "NoSchedule"):
             out.add("gpu-toleration-without-request",
                     f"{render_path((*ref.spec_path, 'tolerations'))}: tolerates {tol.get('key')} without a GPU "
                     "request, so it may occupy a GPU node; drop the toleration or request a GPU")
@@ -345,11 +344,14 @@ def _class_edits(policy: Policy, ref: PodSpecRef, chosen: ChosenClass) -> list[E
     contributions = [policy.common, *(c for _, c in chosen.contributions())]
     edits: list[Edit] = []
     selector = _mapping(spec.get("nodeSelector"))
+    selector_path = (*path, "nodeSelector")
+    added: set[str] = set()
     for contribution in contributions:
         for key, value in contribution.node_selector.items():
-            if key not in selector and not any(e.key == key for e in edits if e.path[-1:] == ("nodeSelector",)):
-                edits.append(Edit("set", (*path, "nodeSelector"), key, value))
-    existing = [t for t in spec.get("tolerations") or [] if isinstance(t, Mapping)] \
+            if key not in selector and key not in added:
+                added.add(key)
+                edits.append(Edit("set", selector_path, key, value))
+    existing = [t for t in spec.get("tolerations") or [] if isinstance(t, dict)] \
         if isinstance(spec.get("tolerations"), list) else []
     for contribution in contributions:
         for tol in contribution.tolerations:

@@ -9,7 +9,7 @@ level (`add /spec/nodeSelector {...}`), because `add` below a missing parent fai
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from copy import deepcopy
+from functools import lru_cache
 from typing import Any
 
 from webhook.findings import Edit
@@ -17,7 +17,8 @@ from webhook.findings import Edit
 Path = tuple[str | int, ...]
 
 
-def pointer(path: Sequence[str | int]) -> str:
+@lru_cache(maxsize=4096)
+def pointer(path: tuple[str | int, ...]) -> str:
     """A JSON Pointer for `path`: `~` -> `~0` first, then `/` -> `~1` (RFC 6901 section 3)."""
     return "".join("/" + str(step).replace("~", "~0").replace("/", "~1") for step in path)
 
@@ -26,9 +27,12 @@ def operations(obj: Mapping[str, Any], edits: Sequence[Edit]) -> list[dict[str, 
     """The smallest correct JSON Patch that applies `edits` to `obj` (empty: nothing to change)."""
     ops: list[dict[str, Any]] = []
     created: dict[Path, Any] = {}
+    anchors: dict[Path, Path | None] = {}
     for edit in edits:
-        anchor = _missing_root(obj, edit.path)
-        value = deepcopy(edit.value)
+        if edit.path not in anchors:
+            anchors[edit.path] = _missing_root(obj, edit.path)
+        anchor = anchors[edit.path]
+        value = _copy(edit.value)
         if anchor is None:
             if edit.kind == "set":
                 ops.append({"op": "add", "path": pointer((*edit.path, str(edit.key))), "value": value})
@@ -54,10 +58,19 @@ def operations(obj: Mapping[str, Any], edits: Sequence[Edit]) -> list[dict[str, 
     return ops
 
 
+def _copy(value: Any) -> Any:
+    """A copy of a JSON value, so the patch never shares containers with the rules."""
+    if isinstance(value, dict):
+        return {k: _copy(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_copy(v) for v in value]
+    return value
+
+
 def _get(obj: Any, path: Path) -> Any:
     node = obj
     for step in path:
-        if isinstance(node, Mapping):
+        if isinstance(node, dict):
             node = node.get(step)
         elif isinstance(node, list) and isinstance(step, int) and step < len(node):
             node = node[step]
@@ -70,7 +83,7 @@ def _missing_root(obj: Mapping[str, Any], path: Path) -> Path | None:
     """The shallowest prefix of `path` that is absent (or null) in `obj`; None when all of it exists."""
     node: Any = obj
     for depth, step in enumerate(path):
-        in_map = isinstance(node, Mapping) and node.get(step) is not None
+        in_map = isinstance(node, dict) and node.get(step) is not None
         in_list = isinstance(node, list) and isinstance(step, int) and step < len(node)
         if in_map or in_list:
             node = node[step]

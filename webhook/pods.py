@@ -73,7 +73,7 @@ def get(obj: Any, path: Path) -> Any:
         if isinstance(step, int):
             if not isinstance(node, list) or step >= len(node):
                 return None
-        elif not isinstance(node, Mapping):
+        elif not isinstance(node, dict):
             return None
         node = node[step] if isinstance(step, int) else node.get(step)
     return node
@@ -93,10 +93,10 @@ def pod_specs(obj: Mapping[str, Any]) -> list[PodSpecRef]:
     if isinstance(kind, str) and kind in KNOWN_KINDS:
         spec_path, meta_path = KNOWN_KINDS[kind]
         spec = get(obj, spec_path)
-        if not isinstance(spec, Mapping):
+        if not isinstance(spec, dict):
             return []
         meta = get(obj, meta_path)
-        return [PodSpecRef(spec_path, meta_path, spec, meta if isinstance(meta, Mapping) else {}, kind != "Pod")]
+        return [PodSpecRef(spec_path, meta_path, spec, meta if isinstance(meta, dict) else {}, kind != "Pod")]
     return list(_search(obj, obj, (), 0))
 
 
@@ -104,12 +104,12 @@ def _search(root: Mapping[str, Any], node: Any, path: Path, depth: int) -> Itera
     """Pod specs nested anywhere in a custom resource: a mapping with a `containers` list of mappings."""
     if depth > _MAX_SEARCH_DEPTH:
         return
-    if isinstance(node, Mapping):
+    if isinstance(node, dict):
         containers = node.get("containers")
-        if depth > 0 and isinstance(containers, list) and all(isinstance(c, Mapping) for c in containers):
+        if depth > 0 and isinstance(containers, list) and all(isinstance(c, dict) for c in containers):
             meta_path = (*path[:-1], "metadata") if path and path[-1] == "spec" else (*path, "metadata")
             meta = get(root, meta_path)
-            yield PodSpecRef(path, meta_path, node, meta if isinstance(meta, Mapping) else {}, True)
+            yield PodSpecRef(path, meta_path, node, meta if isinstance(meta, dict) else {}, True)
             return
         for key, value in node.items():
             if isinstance(key, str) and key not in ("metadata", "status"):
@@ -128,7 +128,7 @@ def containers(ref: PodSpecRef, *, include_ephemeral: bool = False) -> list[Cont
         items = ref.spec.get(list_name)
         if isinstance(items, list):
             out.extend(
-                ContainerRef(list_name, i, c, ref.spec_path) for i, c in enumerate(items) if isinstance(c, Mapping)
+                ContainerRef(list_name, i, c, ref.spec_path) for i, c in enumerate(items) if isinstance(c, dict)
             )
     return out
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 from fractions import Fraction
+from functools import lru_cache
 
 _NUMBER = re.compile(r"^([+-]?)(\d+\.?\d*|\.\d+)(.*)$")
 _EXPONENT = re.compile(r"^[eE]([+-]?\d+)$")
@@ -50,6 +51,7 @@ def parse(value: object) -> Fraction:
     return _parse_text(value.strip())
 
 
+@lru_cache(maxsize=1024)
 def _parse_text(text: str) -> Fraction:
     if len(text) > _MAX_LENGTH:
         raise QuantityError(f'"{text[:20]}..." is too long to be a quantity: write a number such as 1')

@@ -117,13 +117,20 @@ class Policy:
     mutate_templates: bool
     digest: str
     sources: tuple[str, ...] = ()
+    _resource_cache: dict[str, GPUResource | None] = field(default_factory=dict, compare=False, repr=False)
 
     def enforcement_of(self, rule: str) -> Enforcement:
         return self.enforcement.get(rule, RULES[rule][0])
 
     def gpu_resource(self, name: str) -> GPUResource | None:
-        """The GPU family entry for a resource name, or None when the name is not a GPU."""
-        return _match_resource(self.resources, name)
+        """The GPU family entry for a resource name, or None when the name is not a GPU (memoised per name)."""
+        try:
+            return self._resource_cache[name]
+        except KeyError:
+            found = next((r for r in self.resources if r.matches(name)), None)
+            if len(self._resource_cache) < 4096:
+                self._resource_cache[name] = found
+            return found
 
     @property
     def gpu_taint_keys(self) -> frozenset[str]:
@@ -131,14 +138,6 @@ class Policy:
         keys = {str(t.get("key")) for t in self.common.tolerations if t.get("key")}
         keys.update(r.pattern for r in self.resources if "*" not in r.pattern)
         return frozenset(keys)
-
-
-@cache
-def _match_resource(resources: tuple[GPUResource, ...], name: str) -> GPUResource | None:
-    for resource in resources:
-        if resource.matches(name):
-            return resource
-    return None
 
 
 @cache
