@@ -179,18 +179,18 @@ def _check_quantity(policy: Policy, cref: ContainerRef, name: str, limits: Mappi
         try:
             value = quantity.parse(raw)
         except quantity.QuantityError as err:
-            out.add("gpu-quantity-invalid", f"{cref.where()}: resources.{part}[{name}]: Invalid value: {err}")
+            out.add("gpu-quantity-invalid", f"{_at(cref, part, name)} {err}")
             values[part] = None
             continue
         if value.numerator < 0:
             out.add("gpu-quantity-invalid",
-                    f'{cref.where()}: resources.{part}[{name}]: Invalid value: "{quantity.display(raw)}": must be greater than or equal '
-                    f"to 0; ask for a whole number of GPUs such as 1")
+                    f'{_at(cref, part, name)} "{quantity.display(raw)}": must be greater than or equal to 0; ask for a whole '
+                    f"number of GPUs such as 1")
             values[part] = None
         elif value.denominator != 1:
             out.add("gpu-whole-number",
-                    f'{cref.where()}: resources.{part}[{name}]: Invalid value: "{quantity.display(raw)}": must be an integer; a GPU '
-                    f"cannot be split this way: ask for whole GPUs, or use a shared (nvidia.com/gpu.shared) or "
+                    f'{_at(cref, part, name)} "{quantity.display(raw)}": must be an integer; a GPU cannot be split'
+                    f" this way: ask for whole GPUs, or use a shared (nvidia.com/gpu.shared) or "
                     f"MIG (nvidia.com/mig-1g.5gb) resource")
             values[part] = None
         else:
@@ -203,9 +203,9 @@ def _check_quantity(policy: Policy, cref: ContainerRef, name: str, limits: Mappi
         return 0
     if limit is not None and request is not None and limit != request:
         out.add("gpu-requests-equal-limits",
-                f'{cref.where()}: resources.requests: Invalid value: "{quantity.display(requests[name])}": must be equal '
-                f"to {name} limit of {quantity.display(limits[name])}; set requests equal to limits, or remove "
-                f"the request (it defaults to the limit)")
+                f'{cref.where()}: resources.requests: Invalid value: "{quantity.display(requests[name])}": '
+                f"must be equal to {name} limit of {quantity.display(limits[name])}; set requests equal to limits, "
+                f"or remove the request (it defaults to the limit)")
     count = limit if limit is not None else 0
     resource = policy.gpu_resource(name)
     if resource and resource.max_per_container is not None and count > resource.max_per_container:
@@ -214,6 +214,10 @@ def _check_quantity(policy: Policy, cref: ContainerRef, name: str, limits: Mappi
                 f"{cref.where()}: asks for {count} {name} but a container may have at most {resource.max_per_container}"
                 f"{why}; ask for {resource.max_per_container}, or use whole GPUs (nvidia.com/gpu)")
     return count
+
+
+def _at(cref: ContainerRef, part: str, name: str) -> str:
+    return f"{cref.where()}: resources.{part}[{name}]: Invalid value:"
 
 
 def _check_pod_level(policy: Policy, ref: PodSpecRef, out: _Collector) -> None:
