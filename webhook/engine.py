@@ -184,8 +184,8 @@ def _check_quantity(policy: Policy, cref: ContainerRef, name: str, limits: Mappi
             continue
         if value.numerator < 0:
             out.add("gpu-quantity-invalid",
-                    f'{_at(cref, part, name)} "{quantity.display(raw)}": must be greater than or equal to 0; ask for a whole '
-                    f"number of GPUs such as 1")
+                    f'{_at(cref, part, name)} "{quantity.display(raw)}": must be greater than or equal to 0; '
+                    f"ask for a whole number of GPUs such as 1")
             values[part] = None
         elif value.denominator != 1:
             out.add("gpu-whole-number",
