@@ -355,8 +355,10 @@ def _class_edits(policy: Policy, ref: PodSpecRef, chosen: ChosenClass) -> list[E
             if key not in selector and key not in added:
                 added.add(key)
                 edits.append(Edit("set", selector_path, key, value))
-    existing = [t for t in spec.get("tolerations") or [] if isinstance(t, dict)] \
-        if isinstance(spec.get("tolerations"), list) else []
+    current_tolerations = spec.get("tolerations")
+    existing: list[Mapping[str, Any]] = (
+        [t for t in current_tolerations if isinstance(t, dict)] if isinstance(current_tolerations, list) else []
+    )
     for contribution in contributions:
         for tol in contribution.tolerations:
             if not any(_covers(have, tol) for have in existing):
