@@ -126,7 +126,8 @@ def _print_human(policy: Policy, results: Sequence[checking.Result], out: TextIO
     denied = sum(not r.verdict.allowed for r in results)
     for r in results:
         status = "DENIED " if not r.verdict.allowed else ("WARN   " if r.verdict.warnings else "ALLOWED")
-        gpu = f", {r.verdict.gpus} GPU, class {r.verdict.gpu_class}" if r.verdict.gpu_class else ""
+        gpu = f", {r.verdict.gpus} GPU" if r.verdict.gpus else ""
+        gpu += f", class {r.verdict.gpu_class}" if r.verdict.gpu_class else ""
         out.write(f"{status} {r.kind} {r.namespace}/{r.name} ({r.manifest.where()}{gpu})\n")
         for finding in r.verdict.violations:
             out.write(f"  deny: {finding.render()}\n")

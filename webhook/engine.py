@@ -424,11 +424,10 @@ def _covers(have: Mapping[str, Any], want: Mapping[str, Any]) -> bool:
 
 def _require_class(ref: PodSpecRef, chosen: ChosenClass, edits: Sequence[Edit], out: _Collector) -> None:
     """At /validate: what the mutating webhook would have added must already be there."""
-    missing = []
+    selectors = [f"{e.key}={e.value}" for e in edits if e.path[-1:] == ("nodeSelector",)]
+    missing = [f"nodeSelector {', '.join(selectors)}"] if selectors else []
     for edit in edits:
-        if edit.path[-1:] == ("nodeSelector",):
-            missing.append(f"nodeSelector {edit.key}={edit.value}")
-        elif edit.kind == "append":
+        if edit.kind == "append":
             tol = edit.value
             missing.append(f"toleration {tol.get('key', '*')}{'=' + tol['value'] if tol.get('value') else ''}"
                            f":{tol.get('effect') or '*'}")
