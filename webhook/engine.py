@@ -39,12 +39,14 @@ class Context:
 
     `old_object` is the stored object on UPDATE: a workload whose pod template did not change is not
     re-judged, so scaling or relabelling an existing Deployment is never blocked by a newer rule.
+    `namespace_labels` are the namespace's labels when the cluster is known (for `namespaceSelectors`).
     """
 
     namespace: str | None
     operation: Operation = "CREATE"
     mode: Mode = "mutate"
     old_object: Mapping[str, Any] | None = None
+    namespace_labels: Mapping[str, str] | None = None
 
 
 @dataclass
@@ -131,7 +133,7 @@ def _evaluate_spec(policy: Policy, obj: Mapping[str, Any], ref: PodSpecRef, name
         return None
     if not any(_placed_by_classes(policy, name) for name, counts in per_resource.items() if any(n for _, n in counts)):
         return None, gpus
-    chosen = _choose_class(policy, ref, namespace, out)
+    chosen = _choose_class(policy, ref, namespace, ctx, out)
     if chosen is None:
         return None, gpus
     _check_class_fit(policy, ref, chosen, per_resource, gpus, out)
@@ -265,9 +267,10 @@ def _check_unaccounted_access(policy: Policy, ref: PodSpecRef, out: _Collector) 
 # --------------------------------------------------------------------------------------------- classes
 
 
-def _choose_class(policy: Policy, ref: PodSpecRef, namespace: str, out: _Collector) -> ChosenClass | None:
+def _choose_class(policy: Policy, ref: PodSpecRef, namespace: str, ctx: Context,
+                  out: _Collector) -> ChosenClass | None:
     labels = _mapping(ref.metadata.get("labels"))
-    ns_policy = policy.namespaces.get(namespace)
+    ns_policy = policy.namespace_policy(namespace, labels=ctx.namespace_labels)
     labels_path = render_path((*ref.metadata_path, "labels"))
     picks: list[tuple[Axis, str, str]] = []
     ok = True
@@ -276,7 +279,8 @@ def _choose_class(policy: Policy, ref: PodSpecRef, namespace: str, out: _Collect
         if label_value is not None:
             value, how = str(label_value), f"label {axis.label}"
         elif ns_policy and axis.name in ns_policy.defaults:
-            value, how = ns_policy.defaults[axis.name], f"namespace {namespace} default"
+            via = f" (namespaceSelectors.{ns_policy.name})" if ns_policy.match_labels else ""
+            value, how = ns_policy.defaults[axis.name], f"namespace {namespace} default{via}"
         elif axis.default is not None:
             value, how = axis.default, "cluster default"
         else:

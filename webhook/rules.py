@@ -50,6 +50,10 @@ RULES: dict[str, tuple[Enforcement, str]] = {
     "gpu-runtime-without-request": ("warn", "a GPU runtime class without a GPU request"),
     "gpu-toleration-without-request": ("warn", "the GPU taint is tolerated without a GPU request"),
     "gpu-node-name-preset": ("warn", "a GPU Pod with spec.nodeName set bypasses the scheduler"),
+    "gpu-never-schedulable": ("deny", "no Ready node of the Pod's class could ever hold its GPU request"),
+    "gpu-class-no-node": ("warn", "the class's nodeSelector matches no node advertising the requested GPU"),
+    "gpu-runtime-class-missing": ("warn", "the default runtime class is missing or contradicts the class"),
+    "gpu-inventory-unavailable": ("warn", "cluster inventory not synced: inventory checks skipped"),
 }
 
 
@@ -97,10 +101,15 @@ class GPUResource:
 
 @dataclass(frozen=True)
 class NamespacePolicy:
-    """A namespace's default class values and the values it may use, by axis name."""
+    """A namespace's default class values and the values it may use, by axis name.
+
+    `match_labels` is set for a policy chosen by namespace labels (`namespaceSelectors`) and names it there.
+    """
 
     defaults: Mapping[str, str] = field(default_factory=dict)
     allowed: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    match_labels: Mapping[str, str] = field(default_factory=dict)
+    name: str = ""
 
 
 @dataclass(frozen=True)
@@ -111,13 +120,25 @@ class Policy:
     axes: tuple[Axis, ...]
     common: Contribution
     namespaces: Mapping[str, NamespacePolicy]
+    namespace_selectors: tuple[NamespacePolicy, ...]
     exempt_namespaces: frozenset[str]
     gpu_runtime_classes: frozenset[str]
+    gpu_device_classes: frozenset[str]
     enforcement: Mapping[str, Enforcement]
     mutate_templates: bool
     digest: str
     sources: tuple[str, ...] = ()
     _resource_cache: dict[str, GPUResource | None] = field(default_factory=dict, compare=False, repr=False)
+
+    def namespace_policy(self, namespace: str, labels: Mapping[str, str] | None = None) -> NamespacePolicy | None:
+        """The policy of a namespace: its entry by name, else the first selector its labels match."""
+        named = self.namespaces.get(namespace)
+        if named is not None or not labels:
+            return named
+        for selector in self.namespace_selectors:
+            if all(labels.get(k) == v for k, v in selector.match_labels.items()):
+                return selector
+        return None
 
     def enforcement_of(self, rule: str) -> Enforcement:
         return self.enforcement.get(rule, RULES[rule][0])
@@ -342,9 +363,7 @@ def _build(spec: Mapping[str, Any], origin: _Origin, sources: tuple[str, ...]) -
             raise fail(("spec", "classes", "axes", axis.name, "default"),
                        f'"{axis.default}" is not one of the values: {", ".join(axis.values)}')
 
-    namespaces: dict[str, NamespacePolicy] = {}
-    for ns, body in (spec.get("namespaces") or {}).items():
-        base = ("spec", "namespaces", ns)
+    def namespace_entry(base: tuple[str, ...], body: Mapping[str, Any], name: str) -> NamespacePolicy:
         for part in ("defaults", "allowed"):
             for axis_name, chosen in (body.get(part) or {}).items():
                 found = by_name.get(axis_name)
@@ -352,13 +371,24 @@ def _build(spec: Mapping[str, Any], origin: _Origin, sources: tuple[str, ...]) -
                     raise fail((*base, part, axis_name),
                                f'no class axis "{axis_name}"; axes are: {", ".join(by_name) or "(none)"}')
                 for value in [chosen] if isinstance(chosen, str) else chosen:
-                    if value not in axis.values:
+                    if value not in found.values:
                         raise fail((*base, part, axis_name),
-                                   f'"{value}" is not a {axis_name} value; choose from {", ".join(axis.values)}')
-        namespaces[ns] = NamespacePolicy(
+                                   f'"{value}" is not a {axis_name} value; choose from {", ".join(found.values)}')
+        return NamespacePolicy(
             defaults=dict(body.get("defaults") or {}),
             allowed={k: tuple(v) for k, v in (body.get("allowed") or {}).items()},
+            match_labels=dict(body.get("matchLabels") or {}),
+            name=name,
         )
+
+    namespaces = {
+        ns: namespace_entry(("spec", "namespaces", ns), body, ns)
+        for ns, body in (spec.get("namespaces") or {}).items()
+    }
+    selectors = tuple(
+        namespace_entry(("spec", "namespaceSelectors", name), body, name)
+        for name, body in sorted((spec.get("namespaceSelectors") or {}).items())
+    )
 
     enforcement: dict[str, Enforcement] = {}
     for rule, level in (spec.get("enforcement") or {}).items():
@@ -381,8 +411,10 @@ def _build(spec: Mapping[str, Any], origin: _Origin, sources: tuple[str, ...]) -
         axes=axes,
         common=common,
         namespaces=namespaces,
+        namespace_selectors=selectors,
         exempt_namespaces=frozenset(spec.get("exemptNamespaces") or ()),
         gpu_runtime_classes=frozenset(runtime_classes),
+        gpu_device_classes=frozenset(spec.get("gpuDeviceClasses") or ()),
         enforcement=enforcement,
         mutate_templates=bool((spec.get("templates") or {}).get("mutate", False)),
         digest=digest,
