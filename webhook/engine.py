@@ -141,13 +141,13 @@ def _evaluate_spec(policy: Policy, obj: Mapping[str, Any], ref: PodSpecRef, name
         out.add("gpu-node-name-preset",
                 f"spec.nodeName is {ref.spec['nodeName']!r}: this GPU Pod bypasses the scheduler and its GPU "
                 "accounting; remove spec.nodeName and let the class nodeSelector place it")
-    is_mirror = MIRROR_ANNOTATION in ((obj.get("metadata") or {}).get("annotations") or {})
-    edits = _class_edits(policy, ref, chosen)
+    if MIRROR_ANNOTATION in _mapping(_mapping(obj.get("metadata")).get("annotations")):
+        return chosen.name, gpus  # the kubelet's mirror of a static Pod: immutable, never patched
     if ctx.mode == "mutate":
-        if not is_mirror and (not ref.is_template or policy.mutate_templates) and obj.get("kind") in pods.KNOWN_KINDS:
-            out.edits.extend(edits)
-    elif not ref.is_template and not is_mirror:
-        _require_class(ref, chosen, edits, out)
+        if (not ref.is_template or policy.mutate_templates) and obj.get("kind") in pods.KNOWN_KINDS:
+            out.edits.extend(_class_edits(policy, ref, chosen))
+    elif not ref.is_template:
+        _require_class(ref, chosen, _class_edits(policy, ref, chosen), out)
     return chosen.name, gpus
 
 
@@ -304,33 +304,30 @@ def _choose_class(policy: Policy, ref: PodSpecRef, namespace: str, ctx: Context,
 
 def _check_class_fit(policy: Policy, ref: PodSpecRef, chosen: ChosenClass,
                      per_resource: Mapping[str, list[tuple[ContainerRef, int]]], gpus: int, out: _Collector) -> None:
-    limits = [(c.max_gpus_per_pod, source) for source, c in chosen.contributions() if c.max_gpus_per_pod]
-    if limits:
-        cap, source = min(limits)
-        if gpus > cap:
-            names = ", ".join(per_resource)
-            out.add("gpu-class-max",
-                    f"the Pod needs {gpus} GPUs ({names}: containers and sidecars, or the largest init container) "
-                    f"but class {chosen.name} allows at most {cap} (set by {source}); ask for fewer, or pick a "
-                    "class that allows more with the class labels")
-    spec_path = ref.spec_path
-    selector = _mapping(ref.spec.get("nodeSelector"))
-    for source, contribution in chosen.contributions():
-        for key, value in contribution.node_selector.items():
+    plan = _plan(policy, chosen)
+    if plan.cap and gpus > plan.cap[0]:
+        cap, source = plan.cap
+        out.add("gpu-class-max",
+                f"the Pod needs {gpus} GPUs ({', '.join(per_resource)}: containers and sidecars, or the largest init "
+                f"container) but class {chosen.name} allows at most {cap} (set by {source}); ask for fewer, or pick a "
+                "class that allows more with the class labels")
+    spec, spec_path = ref.spec, ref.spec_path
+    selector = _mapping(spec.get("nodeSelector"))
+    for kind, key, wanted, source in plan.required:
+        if kind == "nodeSelector":
             mine = selector.get(key)
-            if mine is not None and mine != value:
+            if mine is not None and mine != wanted:
                 out.add("gpu-class-conflict",
                         f'{render_path((*spec_path, "nodeSelector"))}[{key}] is "{mine}" but class {chosen.name} '
-                        f'({source}) requires "{value}"; remove it from the Pod (the webhook adds it) or pick the '
+                        f'({source}) requires "{wanted}"; remove it from the Pod (the webhook adds it) or pick the '
                         "class you meant with the class labels")
-        for field_name, wanted in _class_fields(contribution):
-            mine = ref.spec.get(field_name)
-            if field_name == "schedulerName" and mine == DEFAULT_SCHEDULER:
-                continue
-            if isinstance(mine, str) and mine and mine != wanted:
-                out.add("gpu-class-conflict",
-                        f'{render_path((*spec_path, field_name))} is "{mine}" but class {chosen.name} ({source}) '
-                        f'requires "{wanted}"; remove it from the Pod or pick the class you meant')
+            continue
+        mine = spec.get(key)
+        defaulted = key == "schedulerName" and mine == DEFAULT_SCHEDULER
+        if isinstance(mine, str) and mine and mine != wanted and not defaulted:
+            out.add("gpu-class-conflict",
+                    f'{render_path((*spec_path, key))} is "{mine}" but class {chosen.name} ({source}) '
+                    f'requires "{wanted}"; remove it from the Pod or pick the class you meant')
 
 
 def _class_fields(contribution: Contribution) -> list[tuple[str, str]]:
@@ -346,69 +343,89 @@ def _class_fields(contribution: Contribution) -> list[tuple[str, str]]:
 # --------------------------------------------------------------------------------------------- edits
 
 
+@dataclass(frozen=True)
+class ClassPlan:
+    """Everything a class adds to a GPU Pod, merged once per class: `common` first, then each axis value."""
+
+    node_selector: Mapping[str, str]
+    tolerations: tuple[Mapping[str, Any], ...]
+    fields: tuple[tuple[str, str], ...]
+    node_affinity: Mapping[str, Any] | None
+    labels: Mapping[str, str]
+    annotations: Mapping[str, str]
+    cap: tuple[int, str] | None  # the class maximum and the axis value that sets it
+    required: tuple[tuple[str, str, str, str], ...]  # (kind, key, value, source): nodeSelector keys and fields
+
+
+def _plan(policy: Policy, chosen: ChosenClass) -> ClassPlan:
+    """The merged plan of a class, memoised on the (immutable) policy."""
+    plan: ClassPlan | None = policy.plans.get(chosen.name)
+    if plan is not None:
+        return plan
+    contributions = [policy.common, *(c for _, c in chosen.contributions())]
+    selector: dict[str, str] = {}
+    tolerations: list[Mapping[str, Any]] = []
+    fields: dict[str, str] = {}
+    labels: dict[str, str] = {}
+    annotations: dict[str, str] = {}
+    for c in contributions:
+        for key, value in c.node_selector.items():
+            selector.setdefault(key, value)
+        tolerations.extend(t for t in c.tolerations if not any(_covers(have, t) for have in tolerations))
+        for name, wanted in _class_fields(c):
+            fields[name] = wanted  # an axis value's requirement wins over `common`'s default
+        for key, value in c.labels.items():
+            labels.setdefault(key, value)
+        for key, value in c.annotations.items():
+            annotations.setdefault(key, value)
+    affinity = next((c.node_affinity for c in contributions if c.node_affinity), None)
+    caps = [(c.max_gpus_per_pod, source) for source, c in chosen.contributions() if c.max_gpus_per_pod]
+    required = [("nodeSelector", k, v, source)
+                for source, c in chosen.contributions() for k, v in c.node_selector.items()]
+    required += [("field", k, v, source) for source, c in chosen.contributions() for k, v in _class_fields(c)]
+    plan = ClassPlan(selector, tuple(tolerations), tuple(fields.items()), affinity, labels, annotations,
+                     min(caps) if caps else None, tuple(required))
+    if len(policy.plans) < 1024:
+        policy.plans[chosen.name] = plan
+    return plan
+
+
 def _class_edits(policy: Policy, ref: PodSpecRef, chosen: ChosenClass) -> list[Edit]:
     """Everything the class adds that the spec does not already have, as edits; never over a written value."""
+    plan = _plan(policy, chosen)
     spec, path = ref.spec, ref.spec_path
-    contributions = [policy.common, *(c for _, c in chosen.contributions())]
     edits: list[Edit] = []
     selector = _mapping(spec.get("nodeSelector"))
     selector_path = (*path, "nodeSelector")
-    added: set[str] = set()
-    for contribution in contributions:
-        for key, value in contribution.node_selector.items():
-            if key not in selector and key not in added:
-                added.add(key)
-                edits.append(Edit("set", selector_path, key, value))
-    current_tolerations = spec.get("tolerations")
-    existing: list[Mapping[str, Any]] = (
-        [t for t in current_tolerations if isinstance(t, dict)] if isinstance(current_tolerations, list) else []
-    )
-    for contribution in contributions:
-        for tol in contribution.tolerations:
-            if not any(_covers(have, tol) for have in existing):
-                edits.append(Edit("append", (*path, "tolerations"), None, dict(tol)))
-                existing.append(tol)
-    for field_name, wanted in _single_fields(contributions):
-        current = spec.get(field_name)
-        if current in (None, "") or (field_name == "schedulerName" and current == DEFAULT_SCHEDULER != wanted):
+    edits.extend(Edit("set", selector_path, k, v) for k, v in plan.node_selector.items() if k not in selector)
+    current = spec.get("tolerations")
+    existing = [t for t in current if isinstance(t, dict)] if isinstance(current, list) else []
+    for tol in plan.tolerations:
+        if tol in existing:
+            continue
+        for present in existing:
+            if _covers(present, tol):
+                break
+        else:
+            edits.append(Edit("append", (*path, "tolerations"), None, dict(tol)))
+    for field_name, wanted in plan.fields:
+        value = spec.get(field_name)
+        if value in (None, "") or (field_name == "schedulerName" and value == DEFAULT_SCHEDULER != wanted):
             edits.append(Edit("set", path, field_name, wanted))
             if field_name == "priorityClassName" and not ref.is_template:
                 # The Priority plugin refuses a Pod whose integer priority was computed before the class name
                 # was set; dropping it lets the plugin recompute both on reinvocation.
                 edits.extend(Edit("remove", path, f) for f in ("priority", "preemptionPolicy") if f in spec)
-    affinity = next((c.node_affinity for c in contributions if c.node_affinity), None)
-    current_affinity = _mapping(spec.get("affinity"))
-    if affinity and "nodeAffinity" not in current_affinity:
-        edits.append(Edit("set", (*path, "affinity"), "nodeAffinity", dict(affinity)))
-    edits.extend(_metadata_edits(ref, contributions))
+    if plan.node_affinity and "nodeAffinity" not in _mapping(spec.get("affinity")):
+        edits.append(Edit("set", (*path, "affinity"), "nodeAffinity", dict(plan.node_affinity)))
+    for part, wanted_map in (("labels", plan.labels), ("annotations", plan.annotations)):
+        have = _mapping(ref.metadata.get(part))
+        edits.extend(Edit("set", (*ref.metadata_path, part), k, v) for k, v in wanted_map.items() if k not in have)
     if edits:
         annotations = _mapping(ref.metadata.get("annotations"))
         for key, value in ((CLASS_ANNOTATION, chosen.name), (RULES_ANNOTATION, policy.digest)):
             if key not in annotations:
                 edits.append(Edit("set", (*ref.metadata_path, "annotations"), key, value))
-    return edits
-
-
-def _single_fields(contributions: Sequence[Contribution]) -> list[tuple[str, str]]:
-    """runtimeClassName, priorityClassName, schedulerName: an axis value's requirement wins over `common`."""
-    chosen: dict[str, str] = {}
-    for contribution in contributions:
-        for name, value in (("runtimeClassName", contribution.runtime_class_name),
-                            ("priorityClassName", contribution.priority_class_name),
-                            ("schedulerName", contribution.scheduler_name)):
-            if value:
-                chosen[name] = value
-    return list(chosen.items())
-
-
-def _metadata_edits(ref: PodSpecRef, contributions: Sequence[Contribution]) -> list[Edit]:
-    edits: list[Edit] = []
-    for part in ("labels", "annotations"):
-        current = _mapping(ref.metadata.get(part))
-        for contribution in contributions:
-            for key, value in getattr(contribution, part).items():
-                if key not in current and not any(e.key == key and e.path[-1] == part for e in edits):
-                    edits.append(Edit("set", (*ref.metadata_path, part), key, value))
     return edits
 
 

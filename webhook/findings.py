@@ -7,7 +7,7 @@ the same small set of frozen values.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 Enforcement = Literal["deny", "warn", "off"]
 Operation = Literal["CREATE", "UPDATE", "DELETE", "CONNECT"]
@@ -27,8 +27,7 @@ class Finding:
         return f"[{self.rule}] {self.message}"
 
 
-@dataclass(frozen=True)
-class Edit:
+class Edit(NamedTuple):
     """A change the engine wants, as data; `patch.operations` turns edits into RFC 6902 operations.
 
     `path` addresses a container (map or list) in the object, as map keys and list indices.
@@ -37,6 +36,8 @@ class Edit:
               what a person wrote.
     "append": append `value` to the list at `path`; the list may be absent (it is then added whole).
     "remove": remove `key` from the map at `path` (emitted only when present).
+
+    A NamedTuple rather than a frozen dataclass: edits are made on every admission, and tuples are cheap.
     """
 
     kind: Literal["set", "append", "remove"]

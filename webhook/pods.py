@@ -8,8 +8,7 @@ embed pod specs at places only their authors know, so for kinds not listed here 
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 Path = tuple[str | int, ...]
 
@@ -32,8 +31,7 @@ CONTAINER_LISTS = ("initContainers", "containers", "ephemeralContainers")
 _MAX_SEARCH_DEPTH = 12
 
 
-@dataclass(frozen=True)
-class PodSpecRef:
+class PodSpecRef(NamedTuple):
     """One pod spec inside an object: where it is, its metadata's path, and whether it is a template."""
 
     spec_path: Path
@@ -43,12 +41,11 @@ class PodSpecRef:
     is_template: bool
 
 
-@dataclass(frozen=True)
-class ContainerRef:
+class ContainerRef(NamedTuple):
     """One container of a pod spec, with the path a person reads in messages."""
 
     list_name: str
-    index: int
+    position: int
     container: Mapping[str, Any]
     spec_path: Path
 
@@ -63,7 +60,7 @@ class ContainerRef:
 
     def where(self) -> str:
         """`spec.template.spec.containers[0] (train)`."""
-        return f"{render_path((*self.spec_path, self.list_name))}[{self.index}] ({self.name})"
+        return f"{render_path((*self.spec_path, self.list_name))}[{self.position}] ({self.name})"
 
 
 def get(obj: Any, path: Path) -> Any:

@@ -129,6 +129,7 @@ class Policy:
     digest: str
     sources: tuple[str, ...] = ()
     _resource_cache: dict[str, GPUResource | None] = field(default_factory=dict, compare=False, repr=False)
+    plans: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)  # the engine's per-class memo
 
     def namespace_policy(self, namespace: str, labels: Mapping[str, str] | None = None) -> NamespacePolicy | None:
         """The policy of a namespace: its entry by name, else the first selector its labels match."""
