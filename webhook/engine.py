@@ -146,7 +146,8 @@ def _evaluate_spec(policy: Policy, obj: Mapping[str, Any], ref: PodSpecRef, name
     if ctx.mode == "mutate":
         if (not ref.is_template or policy.mutate_templates) and obj.get("kind") in pods.KNOWN_KINDS:
             out.edits.extend(_class_edits(policy, ref, chosen))
-    elif not ref.is_template:
+    elif not ref.is_template and not any(f.enforcement == "deny" for f in out.findings):
+        # Only once the Pod is otherwise fine: a Pod denied for its quantities is fixed first.
         _require_class(ref, chosen, _class_edits(policy, ref, chosen), out)
     return chosen.name, gpus
 
