@@ -16,9 +16,10 @@ import jsonpatch
 
 from webhook.engine import Context, evaluate
 from webhook.findings import Mode, Operation, Verdict
-from webhook.manifests_io import Manifest, object_name, read_manifests
+from webhook.inventory import Snapshot
+from webhook.manifests_io import Manifest, ManifestError, object_name, read_manifests
 from webhook.patch import operations
-from webhook.pods import KNOWN_KINDS
+from webhook.pods import KNOWN_KINDS, shape_problems
 from webhook.rules import Policy
 
 
@@ -32,9 +33,11 @@ class Outcome:
 
 
 def decide(policy: Policy, obj: Mapping[str, Any], namespace: str | None, operation: Operation = "CREATE",
-           mode: Mode = "mutate") -> Outcome:
-    """Evaluate one object and apply the patch, exactly as the admission server would answer."""
-    verdict = evaluate(policy, obj, Context(namespace, operation, mode))
+           mode: Mode = "mutate", *, inventory: Snapshot | None = None) -> Outcome:
+    """Evaluate one object and apply the patch, exactly as the admission server would answer.
+
+    `inventory` (from `audit` and `doctor`) adds the live-cluster checks and the namespace's labels."""
+    verdict = evaluate(policy, obj, Context(namespace, operation, mode, inventory=inventory))
     ops = operations(obj, verdict.edits) if verdict.allowed else []
     patched = jsonpatch.apply_patch(obj, ops) if ops else obj
     return Outcome(verdict, ops, patched)
@@ -99,6 +102,10 @@ def check_sources(policy: Policy, sources: Sequence[tuple[str, str]], namespace:
     results = []
     for source, text in sources:
         for manifest in read_manifests(source, text):
+            problems = shape_problems(manifest.obj)
+            if problems:
+                raise ManifestError(f"{manifest.where()}: {'; '.join(problems)}; fix the manifest "
+                                    "(the API server would refuse it)")
             ns = namespace_of(manifest.obj, namespace)
             outcome = decide(policy, manifest.obj, ns)
             results.append(Result(manifest, ns, outcome, _template_preview(policy, manifest.obj, ns, outcome)))

@@ -20,8 +20,9 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
-from webhook import pods, quantity
+from webhook import inventory, pods, quantity
 from webhook.findings import Edit, Finding, Mode, Operation, Verdict
+from webhook.inventory import Snapshot
 from webhook.pods import ContainerRef, PodSpecRef, render_path
 from webhook.rules import ANNOTATION_PREFIX, Axis, Contribution, Policy
 
@@ -40,6 +41,8 @@ class Context:
     `old_object` is the stored object on UPDATE: a workload whose pod template did not change is not
     re-judged, so scaling or relabelling an existing Deployment is never blocked by a newer rule.
     `namespace_labels` are the namespace's labels when the cluster is known (for `namespaceSelectors`).
+    `inventory` is the live cluster (nodes, runtime classes, namespaces, claim templates) when the server
+    watches it: GPU pod specs are then also checked against it. None (no cluster access): those checks are off.
     """
 
     namespace: str | None
@@ -47,6 +50,7 @@ class Context:
     mode: Mode = "mutate"
     old_object: Mapping[str, Any] | None = None
     namespace_labels: Mapping[str, str] | None = None
+    inventory: Snapshot | None = None
 
 
 @dataclass
@@ -128,10 +132,12 @@ def _evaluate_spec(policy: Policy, obj: Mapping[str, Any], ref: PodSpecRef, name
     per_resource = _check_containers(policy, ref, out)
     _check_pod_level(policy, ref, out)
     gpus = sum(pods.effective_count(counts) for counts in per_resource.values())
-    if gpus == 0:
+    claims = inventory.gpu_claims(policy, ctx.inventory, namespace, ref.spec) if ctx.inventory else ()
+    if gpus == 0 and not claims:
         _check_unaccounted_access(policy, ref, out)
         return None
-    if not any(_placed_by_classes(policy, name) for name, counts in per_resource.items() if any(n for _, n in counts)):
+    if not claims and not any(_placed_by_classes(policy, name) for name, counts in per_resource.items()
+                              if any(n for _, n in counts)):
         return None, gpus
     chosen = _choose_class(policy, ref, namespace, ctx, out)
     if chosen is None:
@@ -143,13 +149,41 @@ def _evaluate_spec(policy: Policy, obj: Mapping[str, Any], ref: PodSpecRef, name
                 "accounting; remove spec.nodeName and let the class nodeSelector place it")
     if MIRROR_ANNOTATION in _mapping(_mapping(obj.get("metadata")).get("annotations")):
         return chosen.name, gpus  # the kubelet's mirror of a static Pod: immutable, never patched
+    keep_runtime = True
+    if ctx.inventory is not None:
+        keep_runtime = _check_inventory(policy, ref, chosen, per_resource, ctx.inventory, ctx.mode, out)
     if ctx.mode == "mutate":
         if (not ref.is_template or policy.mutate_templates) and obj.get("kind") in pods.KNOWN_KINDS:
-            out.edits.extend(_class_edits(policy, ref, chosen))
+            out.edits.extend(e for e in _class_edits(policy, ref, chosen)
+                             if keep_runtime or not _is_runtime_edit(ref, e))
     elif not ref.is_template and not any(f.enforcement == "deny" for f in out.findings):
         # Only once the Pod is otherwise fine: a Pod denied for its quantities is fixed first.
         _require_class(ref, chosen, _class_edits(policy, ref, chosen), out)
     return chosen.name, gpus
+
+
+def _check_inventory(policy: Policy, ref: PodSpecRef, chosen: ChosenClass,
+                     per_resource: Mapping[str, list[tuple[ContainerRef, int]]], snapshot: Snapshot, mode: Mode,
+                     out: _Collector) -> bool:
+    """The live-cluster checks of a GPU pod spec (webhook.inventory); False: do not inject runtimeClassName."""
+    if not snapshot.synced:
+        out.add("gpu-inventory-unavailable",
+                f"the cluster inventory is not synced ({snapshot.reason or 'starting'}): the checks against GPU "
+                "nodes and runtime classes were skipped")
+        return True
+    edits = _class_edits(policy, ref, chosen)
+    if mode != "mutate":  # /validate judges the final Pod: nothing is injected there
+        edits = [e for e in edits if not _is_runtime_edit(ref, e)]
+    requests = {name: pods.effective_count(counts) for name, counts in per_resource.items()
+                if _placed_by_classes(policy, name)}
+    result = inventory.assess(snapshot, inventory.placement(ref.spec, ref.spec_path, edits), requests, chosen.name)
+    for rule, message in result.findings:
+        out.add(rule, message)
+    return result.keep_runtime_class
+
+
+def _is_runtime_edit(ref: PodSpecRef, edit: Edit) -> bool:
+    return edit.path == ref.spec_path and edit.key == "runtimeClassName"
 
 
 # --------------------------------------------------------------------------------------------- containers
@@ -258,7 +292,8 @@ def _check_unaccounted_access(policy: Policy, ref: PodSpecRef, out: _Collector) 
     tolerations = ref.spec.get("tolerations")
     taint_keys = policy.gpu_taint_keys
     for tol in tolerations if isinstance(tolerations, list) else []:
-        if isinstance(tol, dict) and tol.get("key") in taint_keys and tol.get("effect") in (None, "", "NoSchedule"):
+        key = tol.get("key") if isinstance(tol, dict) else None
+        if isinstance(key, str) and key in taint_keys and tol.get("effect") in (None, "", "NoSchedule"):
             out.add("gpu-toleration-without-request",
                     f"{render_path((*ref.spec_path, 'tolerations'))}: tolerates {tol.get('key')} without a GPU "
                     "request, so it may occupy a GPU node; drop the toleration or request a GPU")
@@ -271,7 +306,10 @@ def _check_unaccounted_access(policy: Policy, ref: PodSpecRef, out: _Collector) 
 def _choose_class(policy: Policy, ref: PodSpecRef, namespace: str, ctx: Context,
                   out: _Collector) -> ChosenClass | None:
     labels = _mapping(ref.metadata.get("labels"))
-    ns_policy = policy.namespace_policy(namespace, labels=ctx.namespace_labels)
+    ns_labels = ctx.namespace_labels
+    if ns_labels is None and ctx.inventory is not None:
+        ns_labels = ctx.inventory.namespace_labels(namespace)
+    ns_policy = policy.namespace_policy(namespace, labels=ns_labels)
     labels_path = render_path((*ref.metadata_path, "labels"))
     picks: list[tuple[Axis, str, str]] = []
     ok = True

@@ -30,7 +30,7 @@ def operations(obj: Mapping[str, Any], edits: Sequence[Edit]) -> list[dict[str, 
     anchors: dict[Path, Path | None] = {}
     for edit in edits:
         if edit.path not in anchors:
-            anchors[edit.path] = _missing_root(obj, edit.path)
+            anchors[edit.path] = _missing_root(obj, edit.path, list if edit.kind == "append" else dict)
         anchor = anchors[edit.path]
         value = _copy(edit.value)
         if anchor is None:
@@ -79,8 +79,12 @@ def _get(obj: Any, path: Path) -> Any:
     return node
 
 
-def _missing_root(obj: Mapping[str, Any], path: Path) -> Path | None:
-    """The shallowest prefix of `path` that is absent (or null) in `obj`; None when all of it exists."""
+def _missing_root(obj: Mapping[str, Any], path: Path, leaf: type = dict) -> Path | None:
+    """The shallowest prefix of `path` that is absent (or null) in `obj`; None when all of it exists.
+
+    A container of the wrong type (a list where a map belongs) counts as absent and is replaced whole: the
+    API server never sends one (it refuses such a body at decoding), but a manifest given to `check` can.
+    """
     node: Any = obj
     for depth, step in enumerate(path):
         in_map = isinstance(node, dict) and node.get(step) is not None
@@ -89,4 +93,4 @@ def _missing_root(obj: Mapping[str, Any], path: Path) -> Path | None:
             node = node[step]
         else:
             return path[: depth + 1]
-    return None
+    return None if isinstance(node, leaf) else path

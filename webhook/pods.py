@@ -149,3 +149,36 @@ def effective_count(per_container: list[tuple[ContainerRef, int]]) -> int:
         elif ref.list_name == "containers":
             regular += count
     return max(regular + sidecars, init_peak)
+
+
+_SPEC_SHAPES: tuple[tuple[str, type, str], ...] = (
+    ("nodeSelector", dict, "a mapping"),
+    ("tolerations", list, "a list"),
+    ("containers", list, "a list"),
+    ("initContainers", list, "a list"),
+    ("affinity", dict, "a mapping"),
+)
+_META_SHAPES: tuple[tuple[str, type, str], ...] = (("labels", dict, "a mapping"), ("annotations", dict, "a mapping"))
+
+
+def shape_problems(obj: Mapping[str, Any]) -> list[str]:
+    """Fields the engine reads or writes that hold the wrong JSON type (`spec.nodeSelector must be a mapping`).
+
+    The API server refuses such bodies before admission; `check` reads files by hand and reports them instead.
+    """
+    problems = []
+    metadata = obj.get("metadata")
+    if metadata is not None and not isinstance(metadata, dict):
+        problems.append("metadata must be a mapping")
+    for ref in pod_specs(obj):
+        for name, kind, words in _SPEC_SHAPES:
+            value = ref.spec.get(name)
+            if value is not None and not isinstance(value, kind):
+                problems.append(f"{render_path((*ref.spec_path, name))} must be {words}, got {type(value).__name__}")
+        meta = get(obj, ref.metadata_path)
+        for name, kind, words in _META_SHAPES:
+            value = meta.get(name) if isinstance(meta, dict) else None
+            if value is not None and not isinstance(value, kind):
+                where = render_path((*ref.metadata_path, name))
+                problems.append(f"{where} must be {words}, got {type(value).__name__}")
+    return problems

@@ -12,8 +12,8 @@ import re
 from fractions import Fraction
 from functools import lru_cache
 
-_NUMBER = re.compile(r"^([+-]?)(\d+\.?\d*|\.\d+)(.*)$")
-_EXPONENT = re.compile(r"^[eE]([+-]?\d+)$")
+_NUMBER = re.compile(r"^([+-]?)([0-9]+\.?[0-9]*|\.[0-9]+)(.*)$")  # ASCII digits only, as Kubernetes
+_EXPONENT = re.compile(r"^[eE]([+-]?[0-9]+)$")
 _BINARY = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
 _DECIMAL = {
     "n": Fraction(1, 10**9),

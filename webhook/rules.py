@@ -322,7 +322,7 @@ def _merge_into(target: dict[str, Any], incoming: Mapping[str, Any], path: tuple
         here = (*path, str(key))
         if key not in target:
             target[key] = json.loads(json.dumps(value))
-            origin.setdefault(here, doc)
+            _record_origin(target[key], here, doc, origin)
         elif isinstance(target[key], dict) and isinstance(value, dict):
             _merge_into(target[key], value, here, doc, origin)
         elif isinstance(target[key], list) and isinstance(value, list) and all(isinstance(v, str) for v in value):
@@ -334,6 +334,14 @@ def _merge_into(target: dict[str, Any], incoming: Mapping[str, Any], path: tuple
                 f"{doc.where()} line {doc.line_of(here) or '?'}: {_dotted(here)} is {value!r} here but "
                 f"{target[key]!r} in {where}; define it once, or make both the same"
             )
+
+
+def _record_origin(value: Any, path: tuple[str, ...], doc: _Doc, origin: _Origin) -> None:
+    """Remember which document defined `path` and every key below it (to name it in a conflict)."""
+    origin.setdefault(path, doc)
+    if isinstance(value, dict):
+        for key, child in value.items():
+            _record_origin(child, (*path, str(key)), doc, origin)
 
 
 # --------------------------------------------------------------------------------------------- building

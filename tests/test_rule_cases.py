@@ -1,0 +1,113 @@
+"""The rule cases kept as data (tests/rule-cases, run by `gpu-webhook test`): one pytest id per case.
+
+Also: every rule id has a case in which it fires, and the real CLI passes on the cases and fails (exit 1,
+the problem printed) on a deliberately wrong case directory.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from functools import cache
+from pathlib import Path
+
+import pytest
+import yaml
+
+from webhook.rule_tests import CaseOutcome, run_directory
+from webhook.rules import RULES
+
+REPO = Path(__file__).resolve().parents[1]
+# The checks the engine makes on an object alone. Ids added later (cluster-inventory checks need a node
+# snapshot that GPUPolicyTest cannot give) are reported as skipped until a case exists for them.
+ENGINE_RULES = frozenset({
+    "gpu-limits-required", "gpu-requests-equal-limits", "gpu-whole-number", "gpu-quantity-invalid",
+    "gpu-pod-level-resources", "gpu-per-container-max", "gpu-class-max", "gpu-class-unknown",
+    "gpu-class-not-allowed", "gpu-class-conflict", "gpu-class-missing", "gpu-env-without-request",
+    "gpu-runtime-without-request", "gpu-toleration-without-request", "gpu-node-name-preset",
+})
+CASES = REPO / "tests" / "rule-cases"
+FAILING = REPO / "tests" / "data" / "failing-rule-cases"
+
+
+def _case_files() -> list[Path]:
+    return sorted(p for p in CASES.rglob("*.yaml") if "kind: GPUPolicyTest" in p.read_text(encoding="utf-8"))
+
+
+def _declared_cases() -> list[tuple[str, str, dict]]:
+    """(where as run_directory names it, case name, case) for every case of every test file."""
+    out = []
+    for path in _case_files():
+        body = yaml.safe_load(path.read_text(encoding="utf-8"))
+        for index, case in enumerate(body["cases"], start=1):
+            out.append((f"{path}#{index}", str(case.get("name") or f"case {index}"), case))
+    return out
+
+
+@cache
+def _outcomes() -> dict[str, CaseOutcome]:
+    return {o.where: o for o in run_directory(CASES)}
+
+
+DECLARED = _declared_cases()
+
+
+@pytest.mark.parametrize(
+    "where",
+    [pytest.param(where, id=f"{Path(where).relative_to(CASES)}:{name}") for where, name, _ in DECLARED],
+)
+def test_rule_case(where: str) -> None:
+    outcome = _outcomes()[where]
+    assert not outcome.problems, f"{outcome.where}: {outcome.name}\n" + "\n".join(outcome.problems)
+
+
+def test_every_declared_case_ran() -> None:
+    assert sorted(_outcomes()) == sorted(where for where, _, _ in DECLARED)
+
+
+@pytest.mark.parametrize("rule", [pytest.param(r, id=r) for r in RULES])
+def test_every_rule_id_has_a_case_where_it_fires(rule: str) -> None:
+    firing = [name for _, name, case in DECLARED
+              if rule in (case["expect"].get("violations") or []) or rule in (case["expect"].get("warnings") or [])]
+    if not firing and rule not in ENGINE_RULES:
+        pytest.skip(f"{rule} is not an object-only engine check; no GPUPolicyTest case for it yet")
+    assert firing, f"no rule case expects {rule} to fire; add one under tests/rule-cases"
+
+
+@pytest.mark.parametrize("rule", [pytest.param(r, id=r) for r in RULES])
+def test_every_rule_id_has_a_case_where_it_does_not_fire(rule: str) -> None:
+    """A case of the same area that is judged and passes (explicit empty violations/warnings, or allowed)."""
+    fires = [case for _, _, case in DECLARED if rule in (case["expect"].get("violations") or [])
+             or rule in (case["expect"].get("warnings") or [])]
+    if not fires and rule not in ENGINE_RULES:
+        pytest.skip(f"{rule} is not an object-only engine check; no GPUPolicyTest case for it yet")
+    files = {where.split("#")[0] for where, _, case in DECLARED if case in fires}
+    quiet = [case for where, _, case in DECLARED if where.split("#")[0] in files and case not in fires
+             and case["expect"].get("allowed", True) and rule not in (case["expect"].get("warnings") or [])]
+    assert quiet, f"no passing case beside the ones where {rule} fires"
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "webhook", *args], cwd=REPO, capture_output=True, text=True,
+                          timeout=60, check=False)
+
+
+def test_cli_runs_the_rule_cases() -> None:
+    result = _cli("test", "tests/rule-cases")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert f"{len(DECLARED)} passed, 0 failed" in result.stdout
+
+
+def test_cli_reports_a_failing_case() -> None:
+    result = _cli("test", str(FAILING.relative_to(REPO)))
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "FAIL" in result.stdout and "a fractional GPU wrongly expected to pass" in result.stdout
+    assert "allowed: expected True, got False" in result.stdout
+    assert "gpu-whole-number" in result.stdout
+    assert "1 passed, 1 failed" in result.stdout
+
+
+def test_cli_test_without_cases_is_a_usage_error(tmp_path: Path) -> None:
+    result = _cli("test", str(tmp_path))
+    assert result.returncode == 2
+    assert "no GPUPolicyTest files" in result.stderr
