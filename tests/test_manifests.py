@@ -505,7 +505,8 @@ def test_service_account_token_only_with_cluster_awareness(
         role = only(docs, "ClusterRole")
         assert {v for r in role["rules"] for v in r["verbs"]} == {"get", "list", "watch"}
         granted = {(g, res) for r in role["rules"] for g in r["apiGroups"] for res in r["resources"]}
-        assert granted == {("", "nodes"), ("", "namespaces"), ("node.k8s.io", "runtimeclasses")}
+        assert granted == {("", "nodes"), ("", "namespaces"), ("node.k8s.io", "runtimeclasses"),
+                           ("resource.k8s.io", "resourceclaimtemplates")}
         binding = only(docs, "ClusterRoleBinding")
         assert binding["roleRef"]["name"] == role["metadata"]["name"]
         assert binding["subjects"] == [
@@ -815,3 +816,15 @@ def test_documented_rollout_overlay_narrows_and_fails_open(work: Path) -> None:
 def test_documented_opt_out_guard_policy_validates(kv: Any) -> None:
     for doc in yaml.safe_load_all(doc_yaml_block("kind: ValidatingAdmissionPolicy")):
         kv.validate(doc, "1.30.0", strict=True)
+
+
+def test_cluster_awareness_role_is_what_the_inventory_watches(rendered: dict[str, list[dict[str, Any]]]) -> None:
+    """The ClusterRole and webhook.kube's watched collections agree, in both directions."""
+    kube = server_module("webhook.kube")
+    role = only(rendered["cert-manager+components"], "ClusterRole", "gpu-webhook-cluster-awareness")
+    granted = {(g, res) for r in role["rules"] for g in r["apiGroups"] for res in r["resources"]}
+    watched = set()
+    for source in kube.sources(kube.k8s.ApiClient()):
+        group = source.versions[0][0].rpartition("/")[0]
+        watched.add((group, source.name))
+    assert granted == watched
