@@ -1,0 +1,229 @@
+"""The AdmissionReview wire format (v1 and v1beta1): parse a request once, build the response.
+
+Pure. `parse_review` turns the HTTP body into a frozen `AdmissionRequest` or raises `ReviewError` (a 4xx for
+the caller); `build_response` turns a decision into the exact document kube-apiserver accepts: same
+apiVersion and uid, no patch keys unless there is a patch, status 403 with every violation on denial,
+warnings it will not silently drop, auditAnnotations keys it will not silently drop.
+"""
+
+from __future__ import annotations
+
+import base64
+import functools
+import re
+import unicodedata
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal, cast
+
+import orjson
+
+from webhook.findings import Operation
+
+ApiVersion = Literal["admission.k8s.io/v1", "admission.k8s.io/v1beta1"]
+API_VERSIONS: tuple[ApiVersion, ...] = ("admission.k8s.io/v1", "admission.k8s.io/v1beta1")
+OPERATIONS: tuple[Operation, ...] = ("CREATE", "UPDATE", "DELETE", "CONNECT")
+
+WARNING_MAX_CHARS = 120  # "Limit warnings to 120 characters if possible" (admission/v1 API doc)
+WARNINGS_MAX = 5
+AUDIT_KEY_MAX = 63
+_AUDIT_KEY_BAD = re.compile(r"[^-A-Za-z0-9_.]+")
+
+
+class ReviewError(ValueError):
+    """A call that is not a usable AdmissionReview: answered with an HTTP 4xx and a Status body."""
+
+    def __init__(self, message: str, code: int = 400) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+@dataclass(frozen=True)
+class GroupVersionKind:
+    group: str = ""
+    version: str = ""
+    kind: str = ""
+
+
+@dataclass(frozen=True)
+class AdmissionRequest:
+    """The parts of `request` the server uses, validated once."""
+
+    api_version: ApiVersion
+    uid: str
+    operation: Operation
+    kind: GroupVersionKind = field(default_factory=GroupVersionKind)
+    resource: str = ""
+    sub_resource: str = ""
+    namespace: str | None = None
+    name: str = ""
+    generate_name: str = ""
+    obj: Mapping[str, Any] | None = None
+    old_obj: Mapping[str, Any] | None = None
+    dry_run: bool = False
+    username: str = ""
+
+    @property
+    def display_name(self) -> str:
+        """The name, or the `generateName` prefix a controller-created object has at mutation time."""
+        return self.name or self.generate_name
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What the server answers, before it is put on the wire."""
+
+    allowed: bool
+    message: str = ""
+    patch: Sequence[Mapping[str, Any]] = ()
+    warnings: Sequence[str] = ()
+    audit_annotations: Mapping[str, str] = field(default_factory=dict)
+
+
+def _mapping(value: object, where: str, *, required: bool = False) -> Mapping[str, Any] | None:
+    if value is None:
+        if required:
+            raise ReviewError(f"{where} is required")
+        return None
+    if not isinstance(value, dict):
+        raise ReviewError(f"{where} must be an object, got {type(value).__name__}")
+    return cast(Mapping[str, Any], value)
+
+
+def _string(value: object, where: str) -> str:
+    if type(value) is str:
+        return value
+    if value is None:
+        return ""
+    if not isinstance(value, str):
+        raise ReviewError(f"{where} must be a string, got {type(value).__name__}")
+    return value
+
+
+def decode_json(body: bytes) -> object:
+    """The body as JSON, or ReviewError."""
+    if not body:
+        raise ReviewError("empty request body: expected an AdmissionReview")
+    try:
+        return orjson.loads(body)  # strict UTF-8 and RFC 8259 (no NaN), nesting capped at 1024
+    except (orjson.JSONDecodeError, RecursionError) as exc:
+        raise ReviewError(f"request body is not valid JSON: {str(exc)[:200]}") from None
+
+
+def parse_review(body: bytes) -> AdmissionRequest:
+    """Parse an AdmissionReview request body once; raises ReviewError naming the first problem."""
+    review = _mapping(decode_json(body), "the request body", required=True)
+    assert review is not None
+    api_version = review.get("apiVersion")
+    if api_version not in API_VERSIONS:
+        expected = ", ".join(API_VERSIONS)
+        raise ReviewError(f"unsupported apiVersion {api_version!r}: expected one of {expected}")
+    if review.get("kind") != "AdmissionReview":
+        raise ReviewError(f"unsupported kind {review.get('kind')!r}: expected 'AdmissionReview'")
+    request = _mapping(review.get("request"), "request", required=True)
+    assert request is not None
+    uid = request.get("uid")
+    if not isinstance(uid, str) or not uid:
+        raise ReviewError("request.uid is required (a non-empty string)")
+    operation = request.get("operation")
+    if operation not in OPERATIONS:
+        raise ReviewError(f"request.operation {operation!r} is not one of {', '.join(OPERATIONS)}")
+    kind = _mapping(request.get("kind"), "request.kind") or {}
+    resource = _mapping(request.get("resource"), "request.resource") or {}
+    obj = _mapping(request.get("object"), "request.object")
+    if obj is None and operation == "CREATE":
+        raise ReviewError("request.object is required for CREATE")
+    metadata = _mapping(obj.get("metadata"), "request.object.metadata") if obj else None
+    dry_run = request.get("dryRun", False)
+    if not isinstance(dry_run, bool | None):
+        raise ReviewError("request.dryRun must be a boolean")
+    user = _mapping(request.get("userInfo"), "request.userInfo") or {}
+    return AdmissionRequest(
+        api_version=cast(ApiVersion, api_version),
+        uid=uid,
+        operation=cast(Operation, operation),
+        kind=GroupVersionKind(
+            group=_string(kind.get("group"), "request.kind.group"),
+            version=_string(kind.get("version"), "request.kind.version"),
+            kind=_string(kind.get("kind"), "request.kind.kind"),
+        ),
+        resource=_string(resource.get("resource"), "request.resource.resource"),
+        sub_resource=_string(request.get("subResource"), "request.subResource"),
+        namespace=_string(request.get("namespace"), "request.namespace") or None,
+        name=_string(request.get("name"), "request.name")
+        or _string((metadata or {}).get("name"), "metadata.name"),
+        generate_name=_string((metadata or {}).get("generateName"), "metadata.generateName"),
+        obj=obj,
+        old_obj=_mapping(request.get("oldObject"), "request.oldObject"),
+        dry_run=bool(dry_run),
+        username=_string(user.get("username"), "request.userInfo.username"),
+    )
+
+
+def sanitize_warning(text: str) -> str:
+    """One line of at most 120 characters with no control characters (the API server drops those silently)."""
+    cleaned = "".join(" " if unicodedata.category(c)[0] == "C" else c for c in text)
+    cleaned = " ".join(cleaned.split())
+    if len(cleaned) > WARNING_MAX_CHARS:
+        cleaned = cleaned[: WARNING_MAX_CHARS - 3].rstrip() + "..."
+    return cleaned
+
+
+def sanitize_warnings(texts: Iterable[str], limit: int = WARNINGS_MAX) -> tuple[str, ...]:
+    """Sanitized, de-duplicated, empty ones dropped, at most `limit` (the last one then counts the rest)."""
+    unique = list(dict.fromkeys(w for w in map(sanitize_warning, texts) if w))
+    if len(unique) <= limit:
+        return tuple(unique)
+    kept = unique[: limit - 1]
+    return (*kept, f"... and {len(unique) - len(kept)} more warnings")
+
+
+@functools.lru_cache(maxsize=256)
+def audit_key(key: str) -> str | None:
+    """A key the API server accepts under `<webhook>/`: no '/', [-_.A-Za-z0-9], alphanumeric ends, <= 63."""
+    cleaned = _AUDIT_KEY_BAD.sub("-", key)[:AUDIT_KEY_MAX].strip("-_.")
+    return cleaned or None
+
+
+def encode_patch(operations: Sequence[Mapping[str, Any]]) -> str:
+    """RFC 6902 operations as the base64 string `response.patch` carries."""
+    return base64.b64encode(orjson.dumps(list(operations))).decode("ascii")
+
+
+def build_response(request: AdmissionRequest, decision: Decision) -> dict[str, Any]:
+    """The AdmissionReview answer, in the request's apiVersion, echoing its uid."""
+    response: dict[str, Any] = {"uid": request.uid, "allowed": decision.allowed}
+    if not decision.allowed:
+        response["status"] = {
+            "status": "Failure",
+            "code": 403,
+            "reason": "Forbidden",
+            "message": decision.message or "denied by GPU policy",
+        }
+    elif decision.patch:
+        response["patchType"] = "JSONPatch"
+        response["patch"] = encode_patch(decision.patch)
+    warnings = sanitize_warnings(decision.warnings) if decision.warnings else ()
+    if warnings:
+        response["warnings"] = list(warnings)
+    annotations = {}
+    for key, value in decision.audit_annotations.items():
+        clean = audit_key(key)
+        if clean is not None:
+            annotations[clean] = value
+    if annotations:
+        response["auditAnnotations"] = annotations
+    return {"apiVersion": request.api_version, "kind": "AdmissionReview", "response": response}
+
+
+def error_status(code: int, message: str) -> dict[str, Any]:
+    """A metav1.Status body for a 4xx: the API server shows its message when a call fails."""
+    reasons = {400: "BadRequest", 404: "NotFound", 405: "MethodNotAllowed", 413: "RequestEntityTooLarge"}
+    return {
+        "apiVersion": "v1",
+        "kind": "Status",
+        "status": "Failure",
+        "code": code,
+        "reason": reasons.get(code, "BadRequest" if code < 500 else "InternalError"),
+        "message": message,
+    }
