@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Protocol
 
 import orjson
 from flask import Flask, Response, request
@@ -23,6 +23,7 @@ from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
 from webhook import logs
 from webhook.engine import Context, evaluate
 from webhook.findings import Mode, Verdict
+from webhook.inventory import Snapshot
 from webhook.metrics import Metrics
 from webhook.patch import operations
 from webhook.policy_store import PolicyStore
@@ -31,6 +32,15 @@ from webhook.settings import Settings
 from webhook.tls import Loaded, ServingTls
 
 log = logging.getLogger("webhook.review")
+
+
+class Inventory(Protocol):
+    """What the server needs of the cluster inventory (`webhook.kube.ClusterInventory`)."""
+
+    @property
+    def synced(self) -> bool: ...
+
+    def snapshot(self) -> Snapshot: ...
 
 # Label values for the `kind` metric label: anything else is "other" (callers cannot grow the label set).
 KNOWN_KINDS = frozenset(
@@ -43,11 +53,12 @@ class AdmissionServer:
     """The state behind the routes: the rules, the TLS material (for readiness) and the instruments."""
 
     def __init__(self, settings: Settings, store: PolicyStore, metrics: Metrics,
-                 tls: ServingTls | None) -> None:
+                 tls: ServingTls | None, inventory: Inventory | None = None) -> None:
         self.settings = settings
         self.store = store
         self.metrics = metrics
         self.tls = tls
+        self.inventory = inventory
 
     def answer(self, mode: Mode, body: bytes) -> tuple[int, dict[str, Any]]:
         """(HTTP status, JSON document) for one call to /mutate or /validate."""
@@ -62,7 +73,11 @@ class AdmissionServer:
         policy = self.store.policy
         verdict = Verdict()
         if not req.sub_resource:  # status, binding, ephemeralcontainers...: never ours to judge
-            ctx = Context(namespace=req.namespace, operation=req.operation, mode=mode, old_object=req.old_obj)
+            snapshot = self.inventory.snapshot() if self.inventory is not None else None  # never blocks
+            if snapshot is not None:
+                self.metrics.inventory_synced.set(1 if snapshot.synced else 0)
+            ctx = Context(namespace=req.namespace, operation=req.operation, mode=mode, old_object=req.old_obj,
+                          inventory=snapshot)
             verdict = evaluate(policy, req.obj, ctx)
         decision = self._decide(mode, req, verdict, policy.digest)
         document = build_response(req, decision)
@@ -109,6 +124,9 @@ class AdmissionServer:
         checks: dict[str, Any] = {"rules": {"digest": self.store.policy.digest,
                                             "last_error": self.store.last_error}}
         ready = True
+        if self.inventory is not None:
+            # Reported, never a reason to be unready: without the inventory its checks are skipped, the rest works.
+            checks["inventory"] = {"synced": self.inventory.synced}
         if self.tls is not None:
             loaded = self.tls.refresh()
             ready = loaded is not None
@@ -127,8 +145,14 @@ def create_app(
     store: PolicyStore | None = None,
     tls: ServingTls | None = None,
     registry: CollectorRegistry | None = None,
+    inventory: Inventory | None = None,
 ) -> Flask:
-    """The Flask app; loads the rules unless a store is given (RuleError: fail fast), starts their poller."""
+    """The Flask app; loads the rules unless a store is given (RuleError: fail fast), starts their poller.
+
+    With `settings.cluster` and no `inventory` given, the cluster inventory is started here: in each gunicorn
+    worker, after the fork (threads do not survive one). Its credentials come from the pod's service account
+    or, outside a cluster, from kubectl's kubeconfig.
+    """
     metrics = Metrics(registry if registry is not None else CollectorRegistry())
     store = store if store is not None else PolicyStore(settings.rules_dir)
     store.metrics = metrics
@@ -140,7 +164,12 @@ def create_app(
         tls.on_failure = lambda error: metrics.tls_reload_failures.inc()
         if tls.current is not None:
             _tls_loaded(metrics, tls.current)
-    server = AdmissionServer(settings, store, metrics, tls)
+    if inventory is None and settings.cluster:
+        from webhook import kube
+
+        inventory = kube.inventory_from_env()
+        inventory.start()
+    server = AdmissionServer(settings, store, metrics, tls, inventory)
 
     app = Flask("webhook")
     # One byte over the cap is read so that a chunked body (no Content-Length), which Werkzeug cuts at

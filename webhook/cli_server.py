@@ -54,6 +54,9 @@ def register(subparsers: Any) -> None:
     serve.add_argument("--max-body-bytes", type=int, help="larger request bodies get HTTP 413")
     serve.add_argument("--log-level", help="DEBUG, INFO, WARNING or ERROR")
     serve.add_argument("--rules-poll-seconds", type=float, help="how often to look for rule changes (default 2)")
+    serve.add_argument("--cluster", action="store_true", default=None,
+                       help="watch nodes, namespaces and runtime classes for the inventory checks "
+                            "(needs the cluster-awareness RBAC component; default: $GPU_WEBHOOK_CLUSTER, else off)")
     serve.add_argument("--dev-certs", type=Path, default=Path("certs"),
                        help="where development certificates go when --tls-dir is not given (default ./certs)")
     serve.set_defaults(func=run_serve)
@@ -186,6 +189,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
         "rules_poll_seconds": args.rules_poll_seconds, "workers": args.workers,
         "threads": args.threads, "max_body_bytes": args.max_body_bytes,
         "log_level": log_level(args.log_level) if args.log_level else None,
+        "cluster": getattr(args, "cluster", None),
     }
     return dataclasses.replace(Settings.from_env(), **{k: v for k, v in overrides.items() if v is not None})
 
@@ -221,6 +225,14 @@ def run_serve(args: argparse.Namespace) -> int:
     except (RuleError, OSError) as exc:
         print(f"error: invalid rules: {exc}", file=sys.stderr)
         return 1
+    if settings.cluster:
+        from webhook import kube
+
+        try:
+            kube.inventory_from_env()  # credentials are checked here; each worker starts its own watches
+        except kube.KubeError as exc:
+            print(f"error: --cluster: {exc}", file=sys.stderr)
+            return 1
     assert settings.tls_dir is not None
     tls = ServingTls(settings.tls_dir, settings.client_ca)
     if tls.refresh() is None:

@@ -63,6 +63,13 @@ class Metrics:
             "Rule changes on disk refused as invalid; the last good rules kept serving (counted per worker).",
             registry=registry,
         )
+        self.inventory_synced = Gauge(
+            f"{PREFIX}_inventory_synced",
+            "1 when the cluster inventory (nodes, namespaces, runtime classes) is synced; 0 when its checks are "
+            "skipped. Absent when cluster awareness is off.",
+            registry=registry,
+            multiprocess_mode="livemin",
+        )
         self.rules_active = Gauge(
             f"{PREFIX}_rules_active",
             "1 for the digest of the rules being enforced.",

@@ -40,6 +40,7 @@ class Settings:
     keepalive_seconds: int = 120  # longer than the API server's 90 s idle-connection timeout
     graceful_timeout_seconds: int = 20
     rules_poll_seconds: float = 2.0  # 0: no hot reload
+    cluster: bool = False  # watch nodes, namespaces, runtime classes for the inventory checks
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -79,6 +80,16 @@ class Settings:
                 raise SettingsError(f"{ENV_PREFIX}{name}={value!r}: must not be negative")
             return result
 
+        def boolean(name: str, default: bool) -> bool:
+            value = text(name)
+            if value is None:
+                return default
+            if value.lower() in ("true", "1", "yes", "on"):
+                return True
+            if value.lower() in ("false", "0", "no", "off"):
+                return False
+            raise SettingsError(f"{ENV_PREFIX}{name}={value!r}: expected true or false")
+
         return cls(
             rules_dir=path("RULES"),
             tls_dir=path("TLS_DIR"),
@@ -92,6 +103,7 @@ class Settings:
             max_body_bytes=integer("MAX_BODY_BYTES", defaults.max_body_bytes, 1024),
             log_level=log_level(text("LOG_LEVEL") or defaults.log_level),
             rules_poll_seconds=number("RULES_POLL_SECONDS", defaults.rules_poll_seconds),
+            cluster=boolean("CLUSTER", defaults.cluster),
         )
 
 
