@@ -7,7 +7,7 @@ A test file is YAML of kind `GPUPolicyTest`:
     rules: ../../rules            # optional, relative to this file; default: the packaged rules
     cases:
       - name: plain GPU pod gets the default class
-        namespace: team-a         # optional (default "default")
+        namespace: team-a         # optional (default: the object's own, else "default")
         operation: CREATE         # optional: CREATE | UPDATE | DELETE | CONNECT
         mode: mutate              # optional: mutate | validate
         object: {...}             # the manifest inline, or
@@ -34,7 +34,7 @@ from typing import Any, cast
 import jsonpointer
 import yaml
 
-from webhook.checking import decide
+from webhook.checking import decide, namespace_of
 from webhook.findings import Mode, Operation
 from webhook.loader import load_policy
 from webhook.manifests_io import read_manifests
@@ -96,7 +96,7 @@ def _run_case(policy: Policy, path: Path, index: int, case: Any) -> CaseOutcome:
         raise TestFileError(f"{path}: case {index}: needs a mapping with `expect`")
     name = str(case.get("name") or f"case {index}")
     obj = _case_object(path, index, case)
-    namespace = str(case.get("namespace") or "default")
+    namespace = str(case.get("namespace") or namespace_of(obj, None))  # as `check` does without --namespace
     operation = cast(Operation, case.get("operation", "CREATE"))
     mode = cast(Mode, case.get("mode", "mutate"))
     outcome = decide(policy, obj, namespace, operation, mode)
