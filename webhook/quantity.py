@@ -8,6 +8,7 @@ accepted as the API server accepts them (it strips surrounding quotes if present
 
 from __future__ import annotations
 
+import json
 import re
 from fractions import Fraction
 from functools import lru_cache
@@ -39,15 +40,15 @@ class QuantityError(ValueError):
 def parse(value: object) -> Fraction:
     """The exact value of a quantity given as a JSON string or number; raises QuantityError."""
     if isinstance(value, bool) or value is None:
-        raise QuantityError(f"{value!r} is not a quantity: write a number such as 1")
+        raise QuantityError(f"{display(value)} is not a quantity: write a number such as 1")
     if isinstance(value, int):
         return Fraction(value)
     if isinstance(value, float):
         if value != value or value in (float("inf"), float("-inf")):
-            raise QuantityError(f"{value!r} is not a quantity: write a number such as 1")
+            raise QuantityError(f"{display(value)} is not a quantity: write a number such as 1")
         return _round_up_nano(Fraction(repr(value)))
     if not isinstance(value, str):
-        raise QuantityError(f"{value!r} is not a quantity: write a number such as 1")
+        raise QuantityError(f"{display(value)} is not a quantity: write a number such as 1")
     return _parse_text(value.strip())
 
 
@@ -85,5 +86,12 @@ def _round_up_nano(value: Fraction) -> Fraction:
 
 
 def display(value: object) -> str:
-    """The value as a person wrote it, for messages ("500m", "2")."""
-    return value if isinstance(value, str) else str(value)
+    """The value as a person wrote it, for messages ("500m", "2"); never the repr of a nested structure.
+
+    A hostile value can be nested a thousand levels deep; printing it would overflow the interpreter's stack.
+    """
+    if isinstance(value, str):
+        return value if len(value) <= _MAX_LENGTH else value[:20] + "..."
+    if value is None or isinstance(value, bool | int | float):
+        return json.dumps(value)
+    return f"a {'mapping' if isinstance(value, dict) else type(value).__name__}"

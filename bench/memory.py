@@ -1,0 +1,86 @@
+"""Memory per worker (RSS) before and after many reviews: does a gunicorn worker grow?
+
+    python bench/memory.py                      # 1,000,000 reviews (long: ~10-20 min on 2 cores)
+    python bench/memory.py --count 100000       # a quicker look
+
+One `gpu-webhook serve` (2 gthread workers x 4 threads, TLS, INFO logging to /dev/null, packaged rules).
+The mix cycles through the three realistic reviews of bench/common.py on /mutate and /validate, each with
+a fresh uid, over keep-alive connections (plus a few new connections per checkpoint, so handshakes count).
+A warm-up of `--warmup` reviews fills caches and lazily created objects first; "before" is measured after
+it, "after" at the end; growth is (after - before) / before per worker. RSS is read from /proc/<pid>/status.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import common
+import load
+
+
+def snapshot(server: common.Running) -> dict[int, int]:
+    return {pid: common.rss_kib(pid) for pid in server.worker_pids()}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--count", type=int, default=1_000_000, help="reviews after the warm-up")
+    parser.add_argument("--warmup", type=int, default=20_000, help="reviews before the first measurement")
+    parser.add_argument("--checkpoints", type=int, default=10, help="RSS readings along the way")
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=4)
+    parser.add_argument("--log-level", default="INFO")
+    args = parser.parse_args(argv)
+
+    work = Path(tempfile.mkdtemp(prefix="gpu-webhook-memory-"))
+    common.issue_certs(work / "tls")
+    requests = [(common.template_of(make()), path) for make in common.CASES.values()
+                for path in ("/mutate", "/validate")]
+    server = common.start("webhook", "webhook", work / "tls", workers=args.workers, threads=args.threads,
+                          log_level=args.log_level)
+    try:
+        sent, errors, _ = common.send_count(server.port, server.cafile, requests, args.warmup)
+        if errors:
+            raise RuntimeError(f"warm-up failed: {errors[:3]}")
+        before = snapshot(server)
+        print(f"{args.workers} gthread workers x {args.threads} threads, log level {args.log_level}; "
+              f"warm-up {sent} reviews; mix: gpu-pod, big-pod (10 KB), deployment x /mutate, /validate")
+        print("RSS KiB per worker after warm-up: " + ", ".join(f"pid {p}: {v}" for p, v in before.items()))
+        step = max(1, args.count // args.checkpoints)
+        total, failures, seconds = 0, 0, 0.0
+        first: dict[int, int] = {}
+        while total < args.count:
+            n = min(step, args.count - total)
+            sent, errors, took = common.send_count(server.port, server.cafile, requests, n)
+            for _ in range(20):  # new connections too: every checkpoint pays 20 more handshakes
+                conn = load.Connection(server.port, load.client_context(server.cafile))
+                conn.roundtrip(load.build_request(requests[0][0], "/mutate")())
+                conn.close()
+            total += sent
+            failures += len(errors)
+            seconds += took
+            now = snapshot(server)
+            first = first or now
+            print(f"  after {total:>9,} reviews ({total / seconds:6.0f} reviews/s): "
+                  + ", ".join(f"{v} KiB" for v in now.values()), flush=True)
+        after = snapshot(server)
+        print(f"\nfailed requests: {failures}")
+        for pid in before:
+            growth = (after.get(pid, 0) - before[pid]) / before[pid] * 100
+            later = (after.get(pid, 0) - first[pid]) / first[pid] * 100
+            print(f"worker {pid}: {before[pid] / 1024:.1f} MiB -> {after.get(pid, 0) / 1024:.1f} MiB "
+                  f"({growth:+.2f} %) after {total:,} reviews; {later:+.2f} % since the first checkpoint")
+        if set(after) != set(before):
+            print(f"WARNING: the worker set changed (restarted workers?): {sorted(before)} -> {sorted(after)}")
+    finally:
+        server.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
