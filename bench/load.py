@@ -295,6 +295,14 @@ def issue_certs(directory: Path) -> Path:
     return directory / "ca.crt"
 
 
+def positive(text: str) -> float:
+    """An argparse type: a number above zero."""
+    value = float(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{text} is not above 0")
+    return value
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--review", type=Path, default=DEFAULT_REVIEW, help="AdmissionReview to send")
@@ -305,7 +313,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=5, help="alternating closed-loop rounds per server")
     parser.add_argument("--processes", type=int, default=2, help="closed-loop client processes")
     parser.add_argument("--connections", type=int, default=4, help="keep-alive connections per client process")
-    parser.add_argument("--rate", type=float, default=500.0, help="open-loop reviews per second")
+    parser.add_argument("--rate", type=positive, default=500.0, help="open-loop reviews per second (> 0)")
     parser.add_argument("--open-connections", type=int, default=8, help="open-loop connections")
     parser.add_argument("--log-level", default="INFO", help="webhook log level (INFO: one line per review)")
     parser.add_argument("--serve-floor", choices=("flask", "wsgi"), help=argparse.SUPPRESS)
