@@ -13,7 +13,8 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 MANIFESTS = REPO / "tests" / "data" / "manifests"
-REAL_MANIFESTS = Path("/work/shared/fixtures/real-manifests")  # third-party files; only where present
+# Third-party manifests in the shared/ folder beside the checkout (as on the team machines and CI); only where present.
+REAL_MANIFESTS = REPO.parent / "shared" / "fixtures" / "real-manifests"
 
 
 def check(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
