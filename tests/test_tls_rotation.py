@@ -32,6 +32,7 @@ def handshake(server: ssl.SSLContext, client: ssl.SSLContext, hostname: str = "l
         try:
             with server.wrap_socket(right, server_side=True) as tls:
                 tls.recv(1)
+                tls.sendall(b"y")  # the client waits for this: it never closes while we still write
         except (ssl.SSLError, OSError) as exc:
             errors.append(exc)
 
@@ -41,6 +42,7 @@ def handshake(server: ssl.SSLContext, client: ssl.SSLContext, hostname: str = "l
         with client.wrap_socket(left, server_hostname=hostname) as tls:
             serial = peer_serial(tls)
             tls.sendall(b"x")
+            tls.recv(1)
     finally:
         left.close()
         thread.join(5)

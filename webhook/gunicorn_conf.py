@@ -17,8 +17,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import socket
+import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -102,7 +106,54 @@ CLIENT_ERRORS = frozenset({
 
 
 class JsonErrorWorker(ThreadWorker):  # type: ignore[misc]
-    """gunicorn's gthread worker, answering its own protocol errors with a JSON Status instead of HTML."""
+    """gunicorn's gthread worker, answering its own protocol errors with a JSON Status instead of HTML, and
+    with a deadline on every request a thread handles.
+
+    gthread reads a request's TLS handshake and head in a worker thread with no read timeout, so a few clients
+    sending a byte now and then (slowloris) could hold every thread of a worker for ever. Here a thread that
+    takes a connection has `HEAD_SECONDS` to receive the TLS handshake and the request head, then
+    `REQUEST_SECONDS` more for the body and the answer: past its deadline a watchdog thread shuts the socket
+    down, the blocked read fails, and the thread is free again. The API server sends a review at once and
+    gives up on a webhook after `timeoutSeconds` (at most 30 s, 5 s in our manifests), so no real review is
+    ever cut; an attacker holds a thread for seconds, not for ever (docs/performance.md).
+    """
+
+    HEAD_SECONDS = 3.0
+    REQUEST_SECONDS = 10.0
+
+    def init_process(self) -> None:
+        self._deadlines: dict[int, tuple[float, Any]] = {}
+        self._deadline_lock = threading.Lock()
+        threading.Thread(target=self._watchdog, name="request-deadlines", daemon=True).start()
+        super().init_process()  # runs the worker's loop until it exits
+
+    def handle(self, conn: Any) -> Any:
+        self._set_deadline(conn, self.HEAD_SECONDS)
+        try:
+            return super().handle(conn)
+        finally:
+            with self._deadline_lock:
+                self._deadlines.pop(id(conn), None)
+
+    def handle_request(self, req: Any, conn: Any) -> Any:
+        self._set_deadline(conn, self.REQUEST_SECONDS)  # the head is in: time for the body and the answer
+        return super().handle_request(req, conn)
+
+    def _set_deadline(self, conn: Any, seconds: float) -> None:
+        with self._deadline_lock:
+            self._deadlines[id(conn)] = (time.monotonic() + seconds, conn)
+
+    def _watchdog(self) -> None:
+        while True:
+            time.sleep(0.5)
+            now = time.monotonic()
+            with self._deadline_lock:
+                late = [conn for deadline, conn in self._deadlines.values() if deadline < now]
+            for conn in late:
+                self.log.warning("closing a connection from %s: its request did not arrive in time",
+                                 (conn.client or ("",))[0])
+                with contextlib.suppress(OSError):
+                    conn.sock.shutdown(socket.SHUT_RDWR)
 
     def handle_error(self, req: Any, client: Any, addr: Any, exc: BaseException) -> None:
         name = type(exc).__name__
