@@ -15,7 +15,6 @@ import ssl
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -252,11 +251,7 @@ def _count_process(port: int, cafile: str, requests: list[tuple[bytes, str]], co
         finally:
             conn.close()
 
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(connections)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    load.fan_out(connections, run)
     queue.put((sum(t.sent for t in tallies), [e for t in tallies for e in t.errors][:20]))
 
 

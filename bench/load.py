@@ -176,12 +176,17 @@ def closed_loop_process(port: int, cafile: str, template: bytes, path: str, conn
         finally:
             conn.close()
 
+    fan_out(connections, run)
+    queue.put((sum(counts), errors))
+
+
+def fan_out(connections: int, run: Callable[[int], None]) -> None:
+    """Run `run(i)` for each connection index in its own thread, and wait for all of them."""
     threads = [threading.Thread(target=run, args=(i,)) for i in range(connections)]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
-    queue.put((sum(counts), errors))
 
 
 def closed_loop(port: int, cafile: str, template: bytes, path: str, processes: int, connections: int,
