@@ -101,24 +101,6 @@ def template_of(document: dict[str, Any]) -> bytes:
 # --- servers ---------------------------------------------------------------------------------------
 
 
-def issue_certs(directory: Path, key_type: str = "ecdsa") -> Path:
-    """A CA and a serving certificate (`ecdsa` P-256 or `rsa` 2048) in `directory`; returns ca.crt."""
-    import datetime as dt
-
-    from webhook import certs
-
-    now = dt.datetime.now(dt.UTC)
-    kind: Any = key_type
-    ca = certs.new_ca("bench-ca", now, key=certs.new_key(kind))
-    leaf = certs.new_serving_cert(ca, ["localhost", "gpu-webhook.gpu-system.svc"], now, key=certs.new_key(kind),
-                                  ip_addresses=["127.0.0.1"])
-    directory.mkdir(parents=True, exist_ok=True)
-    (directory / "tls.crt").write_bytes(leaf.cert_pem())
-    (directory / "tls.key").write_bytes(leaf.key_pem())
-    (directory / "ca.crt").write_bytes(ca.cert_pem())
-    return directory / "ca.crt"
-
-
 def clean_env() -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("GPU_WEBHOOK_", "PROMETHEUS_"))}
     env["PYTHONPATH"] = str(REPO)

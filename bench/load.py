@@ -286,12 +286,14 @@ def spawn(command: list[str], log: Path, env: dict[str, str]) -> subprocess.Pope
         return subprocess.Popen(command, stdout=handle, stderr=subprocess.STDOUT, env=env)
 
 
-def issue_certs(directory: Path) -> Path:
+def issue_certs(directory: Path, key_type: str = "ecdsa") -> Path:
+    """A CA and a serving certificate (`ecdsa` P-256 or `rsa` 2048) in `directory`; returns ca.crt."""
     from webhook import certs
 
     now = dt.datetime.now(dt.UTC)
-    ca = certs.new_ca("bench-ca", now, key=certs.new_key())
-    leaf = certs.new_serving_cert(ca, ["localhost", "gpu-webhook.gpu-system.svc"], now, key=certs.new_key(),
+    kind: Any = key_type
+    ca = certs.new_ca("bench-ca", now, key=certs.new_key(kind))
+    leaf = certs.new_serving_cert(ca, ["localhost", "gpu-webhook.gpu-system.svc"], now, key=certs.new_key(kind),
                                   ip_addresses=["127.0.0.1"])
     directory.mkdir(parents=True, exist_ok=True)
     (directory / "tls.crt").write_bytes(leaf.cert_pem())

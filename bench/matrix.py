@@ -259,8 +259,8 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         parser.error(f"unknown sections {sorted(unknown)}")
     work = Path(tempfile.mkdtemp(prefix="gpu-webhook-matrix-"))
-    common.issue_certs(work / "ecdsa", "ecdsa")
-    common.issue_certs(work / "rsa", "rsa")
+    load.issue_certs(work / "ecdsa", "ecdsa")
+    load.issue_certs(work / "rsa", "rsa")
     print(f"cpus={os.cpu_count()} load average {os.getloadavg()[0]:.2f} at start; python {sys.version.split()[0]}")
     for section in chosen:
         RUNNERS[section](args, work)

@@ -38,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     work = Path(tempfile.mkdtemp(prefix="gpu-webhook-memory-"))
-    common.issue_certs(work / "tls")
+    load.issue_certs(work / "tls")
     requests = [(common.template_of(make()), path) for make in common.CASES.values()
                 for path in ("/mutate", "/validate")]
     server = common.start("webhook", "webhook", work / "tls", workers=args.workers, threads=args.threads,

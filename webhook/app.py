@@ -26,6 +26,7 @@ from webhook.findings import Mode, Verdict
 from webhook.inventory import Snapshot
 from webhook.metrics import Metrics
 from webhook.patch import operations
+from webhook.pods import KNOWN_KINDS
 from webhook.policy_store import PolicyStore
 from webhook.review import AdmissionRequest, Decision, ReviewError, build_response, error_status, parse_review
 from webhook.settings import Settings
@@ -42,13 +43,6 @@ class Inventory(Protocol):
 
     def snapshot(self) -> Snapshot: ...
 
-# Label values for the `kind` metric label: anything else is "other" (callers cannot grow the label set).
-KNOWN_KINDS = frozenset(
-    {"Pod", "Deployment", "ReplicaSet", "StatefulSet", "DaemonSet", "Job", "CronJob", "PodTemplate",
-     "ReplicationController"}
-)
-
-
 class AdmissionServer:
     """The state behind the routes: the rules, the TLS material (for readiness) and the instruments."""
 
@@ -59,6 +53,7 @@ class AdmissionServer:
         self.metrics = metrics
         self.tls = tls
         self.inventory = inventory
+        self._synced: bool | None = None  # what the inventory gauge says now
 
     def answer(self, mode: Mode, body: bytes) -> tuple[int, dict[str, Any]]:
         """(HTTP status, JSON document) for one call to /mutate or /validate."""
@@ -74,7 +69,8 @@ class AdmissionServer:
         verdict = Verdict()
         if not req.sub_resource:  # status, binding, ephemeralcontainers...: never ours to judge
             snapshot = self.inventory.snapshot() if self.inventory is not None else None  # never blocks
-            if snapshot is not None:
+            if snapshot is not None and snapshot.synced is not self._synced:  # a gauge write only on a change
+                self._synced = snapshot.synced
                 self.metrics.inventory_synced.set(1 if snapshot.synced else 0)
             ctx = Context(namespace=req.namespace, operation=req.operation, mode=mode, old_object=req.old_obj,
                           inventory=snapshot)
@@ -106,7 +102,7 @@ class AdmissionServer:
 
     def _record(self, mode: Mode, req: AdmissionRequest, verdict: Verdict, outcome: str,
                 seconds: float) -> None:
-        kind = req.kind.kind if req.kind.kind in KNOWN_KINDS else "other"
+        kind = req.kind.kind if req.kind.kind in KNOWN_KINDS else "other"  # a bounded label set
         findings = [(f.rule, "deny") for f in verdict.violations]
         findings += [(f.rule, "warn") for f in verdict.warnings]
         self.metrics.review(mode, kind, outcome, findings, seconds)

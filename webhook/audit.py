@@ -17,6 +17,7 @@ from webhook import checking
 from webhook.doctor import for_review
 from webhook.findings import Verdict
 from webhook.inventory import Snapshot
+from webhook.pods import mapping
 from webhook.rules import Policy
 
 Json = Mapping[str, Any]
@@ -81,14 +82,9 @@ class Result:
                 "skipped": self.skipped}
 
 
-def _meta(obj: Json) -> Mapping[str, Any]:
-    meta = obj.get("metadata")
-    return meta if isinstance(meta, dict) else {}
-
-
 def controlled(obj: Json) -> bool:
     """Whether a workload we also judge creates this object (so its template speaks for it)."""
-    refs = _meta(obj).get("ownerReferences") or []
+    refs = mapping(obj.get("metadata")).get("ownerReferences") or []
     return any(isinstance(r, dict) and r.get("controller") and r.get("kind") in CONTROLLERS for r in refs)
 
 
@@ -105,9 +101,10 @@ def audit(policy: Policy, objects: Sequence[Json], snapshot: Snapshot | None) ->
         if controlled(obj) or finished(obj):
             skipped += 1
             continue
-        namespace = str(_meta(obj).get("namespace") or "default")
+        meta = mapping(obj.get("metadata"))
+        namespace = str(meta.get("namespace") or "default")
         outcome = checking.decide(policy, for_review(obj), namespace, inventory=snapshot)
-        judged.append(Judged(namespace, str(obj.get("kind")), str(_meta(obj).get("name") or "?"), outcome.verdict))
+        judged.append(Judged(namespace, str(obj.get("kind")), str(meta.get("name") or "?"), outcome.verdict))
     judged.sort(key=lambda j: (j.namespace, j.kind, j.name))
     return Result(policy.digest, tuple(judged), skipped, snapshot.synced if snapshot is not None else False)
 

@@ -73,17 +73,7 @@ def new_ca(common_name: str, now: dt.datetime, *, key: PrivateKey, days: int = C
         .not_valid_after(now + dt.timedelta(days=days))
         .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
         .add_extension(
-            x509.KeyUsage(
-                digital_signature=True,
-                content_commitment=False,
-                key_encipherment=False,
-                data_encipherment=False,
-                key_agreement=False,
-                key_cert_sign=True,
-                crl_sign=True,
-                encipher_only=False,
-                decipher_only=False,
-            ),
+            _key_usage(signs_certificates=True, enciphers_keys=False),
             critical=True,
         )
         .add_extension(ski, critical=False)
@@ -107,17 +97,7 @@ def new_serving_cert(
     sans: list[x509.GeneralName] = [x509.DNSName(n) for n in dns_names]
     sans += [x509.IPAddress(ipaddress.ip_address(ip)) for ip in ip_addresses]
     common_name = dns_names[2] if len(dns_names) > 2 else (dns_names or ip_addresses)[0]
-    key_usage = x509.KeyUsage(
-        digital_signature=True,
-        content_commitment=False,
-        key_encipherment=isinstance(key, rsa.RSAPrivateKey),
-        data_encipherment=False,
-        key_agreement=False,
-        key_cert_sign=False,
-        crl_sign=False,
-        encipher_only=False,
-        decipher_only=False,
-    )
+    key_usage = _key_usage(signs_certificates=False, enciphers_keys=isinstance(key, rsa.RSAPrivateKey))
     not_after = min(now + dt.timedelta(days=days), ca.cert.not_valid_after_utc)
     cert = (
         x509.CertificateBuilder()
@@ -139,6 +119,21 @@ def new_serving_cert(
         .sign(ca.key, hashes.SHA256())
     )
     return Issued(cert, key)
+
+
+def _key_usage(*, signs_certificates: bool, enciphers_keys: bool) -> x509.KeyUsage:
+    """Digital signatures always; certificate and CRL signing for a CA; key encipherment for an RSA leaf."""
+    return x509.KeyUsage(
+        digital_signature=True,
+        content_commitment=False,
+        key_encipherment=enciphers_keys,
+        data_encipherment=False,
+        key_agreement=False,
+        key_cert_sign=signs_certificates,
+        crl_sign=signs_certificates,
+        encipher_only=False,
+        decipher_only=False,
+    )
 
 
 def needs_renewal(cert: x509.Certificate, now: dt.datetime, lookahead: dt.timedelta) -> bool:

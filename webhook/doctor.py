@@ -16,9 +16,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from webhook import checking, inventory, pods, quantity
+from webhook import checking, inventory
+from webhook.engine import gpu_requests
 from webhook.inventory import Node, Placement, Snapshot
-from webhook.pods import ContainerRef, PodSpecRef
+from webhook.pods import mapping
 from webhook.rules import Policy
 
 Status = Literal["ok", "info", "warn", "fail"]
@@ -72,41 +73,19 @@ class Report:
                 "steps": [s.to_json() for s in self.steps]}
 
 
-def _map(value: Any) -> Mapping[str, Any]:
-    return value if isinstance(value, dict) else {}
-
-
 def _name(obj: Json) -> str:
-    return str(_map(obj.get("metadata")).get("name") or "?")
+    return str(mapping(obj.get("metadata")).get("name") or "?")
 
 
 def _namespace(obj: Json) -> str:
-    return str(_map(obj.get("metadata")).get("namespace") or "default")
-
-
-def requested(policy: Policy, spec: Json) -> dict[str, int]:
-    """The Pod's effective count of each GPU resource (limits, else requests), as the scheduler sums it."""
-    ref = PodSpecRef(("spec",), ("metadata",), spec, {}, False)
-    per: dict[str, list[tuple[ContainerRef, int]]] = {}
-    for cref in pods.containers(ref):
-        resources = _map(cref.container.get("resources"))
-        table = {**_map(resources.get("requests")), **_map(resources.get("limits"))}
-        for name, raw in table.items():
-            if not policy.gpu_resource(str(name)):
-                continue
-            try:
-                count = max(int(quantity.parse(raw)), 0)
-            except quantity.QuantityError:
-                count = 0
-            per.setdefault(str(name), []).append((cref, count))
-    return {name: pods.effective_count(counts) for name, counts in per.items() if pods.effective_count(counts)}
+    return str(mapping(obj.get("metadata")).get("namespace") or "default")
 
 
 def diagnose(policy: Policy, facts: Facts) -> Report:
     """Every step of the Pod's path, in order."""
     pod, snapshot = facts.pod, facts.snapshot
-    spec = _map(pod.get("spec"))
-    asks = requested(policy, spec)
+    spec = mapping(pod.get("spec"))
+    asks = gpu_requests(policy, spec)
     claims = inventory.gpu_claims(policy, snapshot, _namespace(pod), spec)
     steps = [_request_step(asks, claims)]
     if asks or claims:
@@ -152,8 +131,8 @@ def _advertised_step(snapshot: Snapshot, asks: Mapping[str, int]) -> Step:
 
 
 def _is_device_plugin(ds: Json) -> bool:
-    template = _map(_map(_map(ds.get("spec")).get("template")).get("spec"))
-    images = [str(_map(c).get("image") or "") for c in template.get("containers") or []]
+    template = mapping(mapping(mapping(ds.get("spec")).get("template")).get("spec"))
+    images = [str(mapping(c).get("image") or "") for c in template.get("containers") or []]
     return "device-plugin" in _name(ds) or any("device-plugin" in image for image in images)
 
 
@@ -164,8 +143,8 @@ def _gpu_nodes(policy: Policy, snapshot: Snapshot) -> list[Node]:
 
 
 def _ready(pod: Json) -> bool:
-    conditions = _map(pod.get("status")).get("conditions") or []
-    return any(_map(c).get("type") == "Ready" and _map(c).get("status") == "True" for c in conditions)
+    conditions = mapping(pod.get("status")).get("conditions") or []
+    return any(mapping(c).get("type") == "Ready" and mapping(c).get("status") == "True" for c in conditions)
 
 
 def _device_plugin_step(policy: Policy, facts: Facts, asks: Mapping[str, int]) -> Step:
@@ -178,15 +157,15 @@ def _device_plugin_step(policy: Policy, facts: Facts, asks: Mapping[str, int]) -
     evidence: list[str] = []
     covered: set[str] = set()
     for ds in plugins:
-        status = _map(ds.get("status"))
+        status = mapping(ds.get("status"))
         ns, name = _namespace(ds), _name(ds)
         evidence.append(f"DaemonSet {ns}/{name}: {status.get('desiredNumberScheduled', 0)} desired, "
                         f"{status.get('numberReady', 0)} ready")
         for pod in facts.pods:
-            owners = _map(pod.get("metadata")).get("ownerReferences") or []
-            if _namespace(pod) == ns and any(_map(o).get("kind") == "DaemonSet" and _map(o).get("name") == name
+            owners = mapping(pod.get("metadata")).get("ownerReferences") or []
+            if _namespace(pod) == ns and any(mapping(o).get("kind") == "DaemonSet" and mapping(o).get("name") == name
                                              for o in owners):
-                node_name = str(_map(pod.get("spec")).get("nodeName") or "")
+                node_name = str(mapping(pod.get("spec")).get("nodeName") or "")
                 if _ready(pod) and node_name:
                     covered.add(node_name)
     uncovered = [n for n in gpu_nodes if n.name not in covered]
@@ -206,12 +185,12 @@ def _used(policy: Policy, running: Sequence[Json], exclude: str, namespace: str)
     """GPU resources held on each node by the other non-terminated Pods."""
     used: dict[str, dict[str, int]] = {}
     for pod in running:
-        spec = _map(pod.get("spec"))
+        spec = mapping(pod.get("spec"))
         node = spec.get("nodeName")
-        phase = _map(pod.get("status")).get("phase")
+        phase = mapping(pod.get("status")).get("phase")
         if not node or phase in ("Succeeded", "Failed") or (_name(pod), _namespace(pod)) == (exclude, namespace):
             continue
-        for resource, count in requested(policy, spec).items():
+        for resource, count in gpu_requests(policy, spec).items():
             per_node = used.setdefault(str(node), {})
             per_node[resource] = per_node.get(resource, 0) + count
     return used
@@ -279,13 +258,14 @@ def _why_not(node: Node, where: Placement) -> str:
 
 
 def _landing_step(pod: Json) -> Step:
-    spec, status = _map(pod.get("spec")), _map(pod.get("status"))
+    spec, status = mapping(pod.get("spec")), mapping(pod.get("status"))
     phase = str(status.get("phase") or "Unknown")
     node = spec.get("nodeName")
     if node:
         return Step("Placement", "ok" if phase in ("Running", "Succeeded") else "info",
                     f"the Pod is on node {node} (phase {phase})")
-    scheduled = next((_map(c) for c in status.get("conditions") or [] if _map(c).get("type") == "PodScheduled"), {})
+    conditions = [mapping(c) for c in status.get("conditions") or []]
+    scheduled = next((c for c in conditions if c.get("type") == "PodScheduled"), {})
     message = str(scheduled.get("message") or "")
     evidence = (f"PodScheduled={scheduled.get('status')} {scheduled.get('reason') or ''}: {message}".strip(),) \
         if scheduled else ()
@@ -297,7 +277,7 @@ def _events_step(facts: Facts) -> Step:
     evidence: list[str] = []
     status: Status = "ok"
     for event in sorted(warnings, key=lambda e: str(e.get("lastTimestamp") or e.get("eventTime") or "")):
-        involved = _map(event.get("involvedObject"))
+        involved = mapping(event.get("involvedObject"))
         reason, message = str(event.get("reason") or ""), str(event.get("message") or "")
         count = f" (x{event['count']})" if isinstance(event.get("count"), int) and event["count"] > 1 else ""
         evidence.append(f"{involved.get('kind')}/{involved.get('name')} {reason}{count}: {message}")

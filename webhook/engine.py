@@ -85,7 +85,7 @@ def evaluate(policy: Policy, obj: Mapping[str, Any] | None, ctx: Context) -> Ver
     """Decide on one object (a Pod, a workload with a pod template, or anything else: allowed untouched)."""
     if not isinstance(obj, dict) or ctx.operation in ("DELETE", "CONNECT"):
         return Verdict()
-    metadata = _mapping(obj.get("metadata"))
+    metadata = pods.mapping(obj.get("metadata"))
     namespace = ctx.namespace or metadata.get("namespace") or "default"
     if namespace in policy.exempt_namespaces:
         return Verdict(notes=(f"namespace {namespace} is exempt",))
@@ -112,11 +112,6 @@ def evaluate(policy: Policy, obj: Mapping[str, Any] | None, ctx: Context) -> Ver
 def _placed_by_classes(policy: Policy, name: str) -> bool:
     resource = policy.gpu_resource(name)
     return resource is not None and resource.classes
-
-
-def _mapping(value: Any) -> Mapping[str, Any]:
-    """`value` when it is a mapping, else an empty one: objects from users may hold anything anywhere."""
-    return value if isinstance(value, dict) else {}
 
 
 def _templates_unchanged(specs: Sequence[PodSpecRef], old: Mapping[str, Any]) -> bool:
@@ -147,7 +142,7 @@ def _evaluate_spec(policy: Policy, obj: Mapping[str, Any], ref: PodSpecRef, name
         out.add("gpu-node-name-preset",
                 f"spec.nodeName is {ref.spec['nodeName']!r}: this GPU Pod bypasses the scheduler and its GPU "
                 "accounting; remove spec.nodeName and let the class nodeSelector place it")
-    if MIRROR_ANNOTATION in _mapping(_mapping(obj.get("metadata")).get("annotations")):
+    if MIRROR_ANNOTATION in pods.mapping(pods.mapping(obj.get("metadata")).get("annotations")):
         return chosen.name, gpus  # the kubelet's mirror of a static Pod: immutable, never patched
     keep_runtime = True
     if ctx.inventory is not None:
@@ -189,6 +184,13 @@ def _is_runtime_edit(ref: PodSpecRef, edit: Edit) -> bool:
 # --------------------------------------------------------------------------------------------- containers
 
 
+def gpu_requests(policy: Policy, spec: Mapping[str, Any]) -> dict[str, int]:
+    """Each GPU resource a Pod's spec holds, counted as the scheduler counts it (`doctor`'s view of a Pod)."""
+    ref = PodSpecRef(("spec",), ("metadata",), spec, {}, False)
+    counted = _check_containers(policy, ref, _Collector(policy))
+    return {name: n for name, counts in counted.items() if (n := pods.effective_count(counts))}
+
+
 def _check_containers(policy: Policy, ref: PodSpecRef, out: _Collector) -> dict[str, list[tuple[ContainerRef, int]]]:
     """Per-container quantity rules; returns, per GPU resource name, each container's valid count."""
     per_resource: dict[str, list[tuple[ContainerRef, int]]] = {}
@@ -196,8 +198,8 @@ def _check_containers(policy: Policy, ref: PodSpecRef, out: _Collector) -> dict[
         resources = cref.container.get("resources")
         if not isinstance(resources, dict):
             continue
-        limits = _mapping(resources.get("limits"))
-        requests = _mapping(resources.get("requests"))
+        limits = pods.mapping(resources.get("limits"))
+        requests = pods.mapping(resources.get("requests"))
         names = [n for n in dict.fromkeys([*limits, *requests]) if isinstance(n, str) and policy.gpu_resource(n)]
         for name in names:
             count = _check_quantity(policy, cref, name, limits, requests, out)
@@ -305,7 +307,7 @@ def _check_unaccounted_access(policy: Policy, ref: PodSpecRef, out: _Collector) 
 
 def _choose_class(policy: Policy, ref: PodSpecRef, namespace: str, ctx: Context,
                   out: _Collector) -> ChosenClass | None:
-    labels = _mapping(ref.metadata.get("labels"))
+    labels = pods.mapping(ref.metadata.get("labels"))
     ns_labels = ctx.namespace_labels
     if ns_labels is None and ctx.inventory is not None:
         ns_labels = ctx.inventory.namespace_labels(namespace)
@@ -351,7 +353,7 @@ def _check_class_fit(policy: Policy, ref: PodSpecRef, chosen: ChosenClass,
                 f"container) but class {chosen.name} allows at most {cap} (set by {source}); ask for fewer, or pick a "
                 "class that allows more with the class labels")
     spec, spec_path = ref.spec, ref.spec_path
-    selector = _mapping(spec.get("nodeSelector"))
+    selector = pods.mapping(spec.get("nodeSelector"))
     for kind, key, wanted, source in plan.required:
         if kind == "nodeSelector":
             mine = selector.get(key)
@@ -434,7 +436,7 @@ def _class_edits(policy: Policy, ref: PodSpecRef, chosen: ChosenClass) -> list[E
     plan = _plan(policy, chosen)
     spec, path = ref.spec, ref.spec_path
     edits: list[Edit] = []
-    selector = _mapping(spec.get("nodeSelector"))
+    selector = pods.mapping(spec.get("nodeSelector"))
     selector_path = (*path, "nodeSelector")
     edits.extend(Edit("set", selector_path, k, v) for k, v in plan.node_selector.items() if k not in selector)
     current = spec.get("tolerations")
@@ -455,13 +457,13 @@ def _class_edits(policy: Policy, ref: PodSpecRef, chosen: ChosenClass) -> list[E
                 # The Priority plugin refuses a Pod whose integer priority was computed before the class name
                 # was set; dropping it lets the plugin recompute both on reinvocation.
                 edits.extend(Edit("remove", path, f) for f in ("priority", "preemptionPolicy") if f in spec)
-    if plan.node_affinity and "nodeAffinity" not in _mapping(spec.get("affinity")):
+    if plan.node_affinity and "nodeAffinity" not in pods.mapping(spec.get("affinity")):
         edits.append(Edit("set", (*path, "affinity"), "nodeAffinity", dict(plan.node_affinity)))
     for part, wanted_map in (("labels", plan.labels), ("annotations", plan.annotations)):
-        have = _mapping(ref.metadata.get(part))
+        have = pods.mapping(ref.metadata.get(part))
         edits.extend(Edit("set", (*ref.metadata_path, part), k, v) for k, v in wanted_map.items() if k not in have)
     if edits:
-        annotations = _mapping(ref.metadata.get("annotations"))
+        annotations = pods.mapping(ref.metadata.get("annotations"))
         for key, value in ((CLASS_ANNOTATION, chosen.name), (RULES_ANNOTATION, policy.digest)):
             if key not in annotations:
                 edits.append(Edit("set", (*ref.metadata_path, "annotations"), key, value))

@@ -22,7 +22,7 @@ from typing import Any
 
 from webhook import quantity
 from webhook.findings import Edit
-from webhook.pods import Path
+from webhook.pods import Path, mapping
 from webhook.rules import Policy
 
 PRODUCT_LABEL = "nvidia.com/gpu.product"
@@ -132,33 +132,29 @@ def snapshot_from_api(nodes: Iterable[Mapping[str, Any]] = (), runtime_classes: 
 # --------------------------------------------------------------------------------------------- parsing
 
 
-def _map(value: Any) -> Mapping[str, Any]:
-    return value if isinstance(value, dict) else {}
-
-
 def _list(value: Any) -> list[Any]:
     return value if isinstance(value, list) else []
 
 
 def _strings(value: Any) -> dict[str, str]:
-    return {str(k): str(v) for k, v in _map(value).items()}
+    return {str(k): str(v) for k, v in mapping(value).items()}
 
 
 def object_key(obj: Mapping[str, Any]) -> tuple[str, str]:
     """(namespace, name) of an API object ("" for cluster-scoped)."""
-    meta = _map(obj.get("metadata"))
+    meta = mapping(obj.get("metadata"))
     return str(meta.get("namespace") or ""), str(meta.get("name") or "")
 
 
 def node_from_api(obj: Mapping[str, Any]) -> Node:
     """A Node from its API JSON: only extended resources (names with a domain) are kept, as whole numbers."""
-    meta, spec, status = _map(obj.get("metadata")), _map(obj.get("spec")), _map(obj.get("status"))
+    meta, spec, status = mapping(obj.get("metadata")), mapping(obj.get("spec")), mapping(obj.get("status"))
     taints = tuple(
         Taint(str(t.get("key") or ""), str(t.get("value") or ""), str(t.get("effect") or "NoSchedule"))
         for t in _list(spec.get("taints")) if isinstance(t, dict)
     )
     allocatable: dict[str, int] = {}
-    for name, raw in _map(status.get("allocatable")).items():
+    for name, raw in mapping(status.get("allocatable")).items():
         if "/" not in str(name):
             continue
         try:
@@ -175,7 +171,7 @@ def node_from_api(obj: Mapping[str, Any]) -> Node:
 
 
 def runtime_class_from_api(obj: Mapping[str, Any]) -> RuntimeClass:
-    scheduling = _map(obj.get("scheduling"))
+    scheduling = mapping(obj.get("scheduling"))
     return RuntimeClass(
         name=object_key(obj)[1],
         handler=str(obj.get("handler") or ""),
@@ -185,17 +181,18 @@ def runtime_class_from_api(obj: Mapping[str, Any]) -> RuntimeClass:
 
 
 def namespace_from_api(obj: Mapping[str, Any]) -> Namespace:
-    return Namespace(object_key(obj)[1], _strings(_map(obj.get("metadata")).get("labels")))
+    return Namespace(object_key(obj)[1], _strings(mapping(obj.get("metadata")).get("labels")))
 
 
 def claim_template_from_api(obj: Mapping[str, Any]) -> ClaimTemplate:
     """Device classes of every request: v1/v1beta2 `exactly`, v1beta1 top-level, and `firstAvailable`."""
     namespace, name = object_key(obj)
-    devices = _map(_map(_map(obj.get("spec")).get("spec")).get("devices"))
+    devices = mapping(mapping(mapping(obj.get("spec")).get("spec")).get("devices"))
     classes: list[str] = []
     for request in _list(devices.get("requests")):
-        request = _map(request)
-        for candidate in (request, _map(request.get("exactly")), *map(_map, _list(request.get("firstAvailable")))):
+        request = mapping(request)
+        alternatives = map(mapping, _list(request.get("firstAvailable")))
+        for candidate in (request, mapping(request.get("exactly")), *alternatives):
             device_class = candidate.get("deviceClassName")
             if isinstance(device_class, str) and device_class and device_class not in classes:
                 classes.append(device_class)
@@ -223,7 +220,7 @@ def placement(spec: Mapping[str, Any], spec_path: Path, edits: Sequence[Edit] = 
     """The pod spec's nodeSelector, tolerations, node affinity and runtime class after `edits`."""
     selector = _strings(spec.get("nodeSelector"))
     tolerations = [dict(t) for t in _list(spec.get("tolerations")) if isinstance(t, dict)]
-    affinity = _map(_map(spec.get("affinity")).get("nodeAffinity")) or None
+    affinity = mapping(mapping(spec.get("affinity")).get("nodeAffinity")) or None
     runtime = spec.get("runtimeClassName") if isinstance(spec.get("runtimeClassName"), str) else None
     injected = False
     for edit in edits:
@@ -232,7 +229,7 @@ def placement(spec: Mapping[str, Any], spec_path: Path, edits: Sequence[Edit] = 
         elif edit.path == (*spec_path, "tolerations") and edit.kind == "append" and isinstance(edit.value, dict):
             tolerations.append(dict(edit.value))
         elif edit.path == (*spec_path, "affinity") and edit.key == "nodeAffinity" and affinity is None:
-            affinity = _map(edit.value) or None
+            affinity = mapping(edit.value) or None
         elif edit.path == spec_path and edit.key == "runtimeClassName" and edit.kind == "set":
             runtime, injected = str(edit.value), True
     return Placement(selector, tuple(tolerations), affinity, runtime or None, injected)
@@ -281,16 +278,16 @@ def selector_mismatches(node: Node, selector: Mapping[str, str]) -> list[str]:
 
 def affinity_matches(node: Node, affinity: Mapping[str, Any] | None) -> bool:
     """requiredDuringSchedulingIgnoredDuringExecution: any term, all of its expressions."""
-    required = _map(_map(affinity).get("requiredDuringSchedulingIgnoredDuringExecution"))
-    terms = [_map(t) for t in _list(required.get("nodeSelectorTerms"))]
+    required = mapping(mapping(affinity).get("requiredDuringSchedulingIgnoredDuringExecution"))
+    terms = [mapping(t) for t in _list(required.get("nodeSelectorTerms"))]
     if not terms:
         return True
     return any(_term_matches(node, term) for term in terms)
 
 
 def _term_matches(node: Node, term: Mapping[str, Any]) -> bool:
-    expressions = [_map(e) for e in _list(term.get("matchExpressions"))]
-    fields = [_map(e) for e in _list(term.get("matchFields"))]
+    expressions = [mapping(e) for e in _list(term.get("matchExpressions"))]
+    fields = [mapping(e) for e in _list(term.get("matchFields"))]
     if not expressions and not fields:
         return False  # an empty term matches no node
     by_field = {"metadata.name": node.name}
@@ -472,8 +469,8 @@ def gpu_claims(policy: Policy, snapshot: Snapshot, namespace: str, spec: Mapping
         return ()
     found: list[str] = []
     for claim in _list(spec.get("resourceClaims")):
-        claim = _map(claim)
-        template_name = claim.get("resourceClaimTemplateName") or _map(claim.get("source")).get(
+        claim = mapping(claim)
+        template_name = claim.get("resourceClaimTemplateName") or mapping(claim.get("source")).get(
             "resourceClaimTemplateName")
         template = snapshot.claim_templates.get((namespace, str(template_name))) if template_name else None
         if template is None:

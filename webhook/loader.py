@@ -13,7 +13,7 @@ from pathlib import Path
 from webhook.rules import Policy, RuleError, parse_sources
 
 RULE_SUFFIXES = (".yaml", ".yml", ".json")
-NOT_RULES = ("kustomization.yaml", "kustomization.yml", "Kustomization")
+NOT_RULES = ("kustomization.yaml", "kustomization.yml")
 
 
 def packaged_rules_dir() -> Path:

@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 from functools import lru_cache
 from typing import Any
 
+from webhook import pods
 from webhook.findings import Edit
 
 Path = tuple[str | int, ...]
@@ -38,7 +39,7 @@ def operations(obj: Mapping[str, Any], edits: Sequence[Edit]) -> list[dict[str, 
                 ops.append({"op": "add", "path": pointer((*edit.path, str(edit.key))), "value": value})
             elif edit.kind == "append":
                 ops.append({"op": "add", "path": pointer((*edit.path, "-")), "value": value})
-            elif isinstance(_get(obj, edit.path), Mapping) and edit.key in _get(obj, edit.path):
+            elif edit.key in pods.mapping(pods.get(obj, edit.path)):
                 ops.append({"op": "remove", "path": pointer((*edit.path, str(edit.key)))})
             continue
         if edit.kind == "remove":
@@ -65,18 +66,6 @@ def _copy(value: Any) -> Any:
     if isinstance(value, list):
         return [_copy(v) for v in value]
     return value
-
-
-def _get(obj: Any, path: Path) -> Any:
-    node = obj
-    for step in path:
-        if isinstance(node, dict):
-            node = node.get(step)
-        elif isinstance(node, list) and isinstance(step, int) and step < len(node):
-            node = node[step]
-        else:
-            return None
-    return node
 
 
 def _missing_root(obj: Mapping[str, Any], path: Path, leaf: type = dict) -> Path | None:

@@ -7,7 +7,7 @@ embed pod specs at places only their authors know, so for kinds not listed here 
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, NamedTuple
 
 Path = tuple[str | int, ...]
@@ -63,6 +63,11 @@ class ContainerRef(NamedTuple):
         return f"{render_path((*self.spec_path, self.list_name))}[{self.position}] ({self.name})"
 
 
+def mapping(value: Any) -> Mapping[str, Any]:
+    """`value` when it is a JSON object, else an empty one: objects from users may hold anything anywhere."""
+    return value if isinstance(value, dict) else {}
+
+
 def get(obj: Any, path: Path) -> Any:
     """The value at `path`, or None where any step is missing or of the wrong type."""
     node = obj
@@ -76,7 +81,7 @@ def get(obj: Any, path: Path) -> Any:
     return node
 
 
-def render_path(path: Path) -> str:
+def render_path(path: Sequence[str | int]) -> str:
     """`('spec', 'containers', 0)` -> `spec.containers[0]`."""
     out = ""
     for step in path:

@@ -14,13 +14,12 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
-from webhook.loader import load_policy
+from webhook.loader import load_policy, rule_files
 from webhook.metrics import Metrics
 from webhook.rules import Policy, RuleError
 
 log = logging.getLogger("webhook.rules")
 
-RULE_SUFFIXES = (".yaml", ".yml", ".json")
 Signature = tuple[str, tuple[tuple[str, int, int, int], ...]]
 Loader = Callable[[Path | None], Policy]
 
@@ -29,19 +28,17 @@ def directory_signature(directory: Path) -> Signature:
     """What identifies the current content of a rules directory: the `..data` target and each rule file."""
     data = directory / "..data"
     target = os.path.realpath(data) if os.path.lexists(data) else str(directory)
-    files = []
     try:
-        names = sorted(os.listdir(directory))
-    except OSError:
-        names = []
-    for name in names:
-        if name.startswith(".") or not name.endswith(RULE_SUFFIXES):
-            continue
+        paths = rule_files(directory)  # exactly the files the loader reads
+    except (RuleError, OSError):
+        paths = []
+    files = []
+    for path in paths:
         try:
-            st = os.stat(directory / name)
+            st = path.stat()
         except OSError:
             continue
-        files.append((name, st.st_ino, st.st_mtime_ns, st.st_size))
+        files.append((path.name, st.st_ino, st.st_mtime_ns, st.st_size))
     return (target, tuple(files))
 
 

@@ -28,6 +28,7 @@ import jsonschema
 import yaml
 
 from webhook.findings import Enforcement
+from webhook.pods import render_path
 
 API_VERSION = "gpu-webhook.io/v1alpha1"
 KIND = "GPUPolicy"
@@ -240,7 +241,7 @@ def _describe(doc: _Doc, err: jsonschema.ValidationError) -> str:
     path = list(err.absolute_path)
     line = doc.line_of(path)
     at = f" line {line}" if line else ""
-    field_name = _dotted(path) or "(document)"
+    field_name = render_path(path) or "(document)"
     expected = _expectation(err)
     return f"{doc.where()}{at}: {field_name}: {expected}"
 
@@ -275,13 +276,6 @@ def _json_type(value: Any) -> str:
     names = {dict: "a mapping", list: "a list", str: "a string", bool: "a boolean", int: "an integer",
              float: "a number"}
     return "null" if value is None else names.get(type(value), type(value).__name__) + f" ({value!r})"[:60]
-
-
-def _dotted(path: Sequence[str | int]) -> str:
-    out = ""
-    for step in path:
-        out += f"[{step}]" if isinstance(step, int) else (f".{step}" if out else str(step))
-    return out
 
 
 def _line_of(node: yaml.Node | None, path: Sequence[str | int]) -> int | None:
@@ -331,7 +325,7 @@ def _merge_into(target: dict[str, Any], incoming: Mapping[str, Any], path: tuple
             first = origin.get(here)
             where = first.where() if first else "an earlier document"
             raise RuleError(
-                f"{doc.where()} line {doc.line_of(here) or '?'}: {_dotted(here)} is {value!r} here but "
+                f"{doc.where()} line {doc.line_of(here) or '?'}: {render_path(here)} is {value!r} here but "
                 f"{target[key]!r} in {where}; define it once, or make both the same"
             )
 
@@ -354,7 +348,7 @@ def _build(spec: Mapping[str, Any], origin: _Origin, sources: tuple[str, ...]) -
             probe = probe[:-1]
         doc = origin.get(probe)
         where = f"{doc.where()} line {doc.line_of(path) or '?'}" if doc else "rules"
-        return RuleError(f"{where}: {_dotted(path)}: {problem}")
+        return RuleError(f"{where}: {render_path(path)}: {problem}")
 
     classes = spec.get("classes") or {}
     axes = tuple(
