@@ -22,6 +22,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 
+from webhook import logs
 from webhook.app import create_app, server_of
 from webhook.engine import Context, evaluate
 from webhook.loader import load_policy
@@ -339,6 +340,7 @@ def test_one_log_line_per_review_without_the_object(client: FlaskClient, caplog:
     capfd.readouterr()
     with caplog.at_level(logging.INFO, logger="webhook.review"):
         call(client, "/mutate", document)
+    logs.flush()  # review lines are written in batches
     [line] = capfd.readouterr().err.splitlines()
     fields = json.loads(line)
     assert fields["logger"] == "webhook.review" and fields["level"] == "info" and fields["ts"].endswith("Z")
@@ -357,6 +359,7 @@ def test_no_review_line_above_info(client: FlaskClient, capfd: pytest.CaptureFix
         call(client, "/mutate", review("pod-create-no-gpu"))
     finally:
         logging.getLogger("webhook.review").setLevel(logging.NOTSET)
+    logs.flush()
     assert capfd.readouterr().err == ""
 
 

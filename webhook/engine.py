@@ -17,8 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from functools import cached_property
-from typing import Any
+from typing import Any, NamedTuple
 
 from webhook import inventory, pods, quantity
 from webhook.findings import Edit, Finding, Mode, Operation, Verdict
@@ -34,8 +33,7 @@ NO_GPU_VALUES = frozenset({"void", "none", ""})
 GPU_ENV = "NVIDIA_VISIBLE_DEVICES"
 
 
-@dataclass(frozen=True)
-class Context:
+class Context(NamedTuple):
     """Where an object is being admitted: the authoritative namespace, the operation, and which endpoint asks.
 
     `old_object` is the stored object on UPDATE: a workload whose pod template did not change is not
@@ -67,15 +65,15 @@ class _Collector:
             self.findings.append(Finding(rule, message, level))
 
 
-@dataclass(frozen=True)
-class ChosenClass:
-    """The class a GPU Pod runs in: one (axis, value, how it was chosen) per axis."""
+class ChosenClass(NamedTuple):
+    """The class a GPU Pod runs in: one (axis, value, how it was chosen) per axis, and its name."""
 
     picks: tuple[tuple[Axis, str, str], ...]
+    name: str  # `workload=inference,gpu-type=t4`, or "default" when the policy has no axes
 
-    @cached_property
-    def name(self) -> str:
-        return ",".join(f"{axis.name}={value}" for axis, value, _ in self.picks) or "default"
+    @classmethod
+    def of(cls, picks: Sequence[tuple[Axis, str, str]]) -> ChosenClass:
+        return cls(tuple(picks), ",".join(f"{axis.name}={value}" for axis, value, _ in picks) or "default")
 
     def contributions(self) -> list[tuple[str, Contribution]]:
         return [(f"{axis.name} {value}", axis.values[value]) for axis, value, _ in self.picks]
@@ -340,7 +338,7 @@ def _choose_class(policy: Policy, ref: PodSpecRef, namespace: str, ctx: Context,
             ok = False
             continue
         picks.append((axis, value, how))
-    return ChosenClass(tuple(picks)) if ok else None
+    return ChosenClass.of(picks) if ok else None
 
 
 def _check_class_fit(policy: Policy, ref: PodSpecRef, chosen: ChosenClass,

@@ -6,7 +6,7 @@ the same small set of frozen values.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Literal, NamedTuple
 
 Enforcement = Literal["deny", "warn", "off"]
@@ -46,16 +46,15 @@ class Edit(NamedTuple):
     value: Any = None
 
 
-@dataclass(frozen=True)
-class Verdict:
-    """What the engine decided for one object."""
+class Verdict(NamedTuple):
+    """What the engine decided for one object (a NamedTuple, like Edit: one is made on every admission)."""
 
     violations: tuple[Finding, ...] = ()
     warnings: tuple[Finding, ...] = ()
     edits: tuple[Edit, ...] = ()
     gpu_class: str | None = None
     gpus: int = 0
-    notes: tuple[str, ...] = field(default=())
+    notes: tuple[str, ...] = ()
 
     @property
     def allowed(self) -> bool:

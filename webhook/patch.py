@@ -29,33 +29,35 @@ def operations(obj: Mapping[str, Any], edits: Sequence[Edit]) -> list[dict[str, 
     ops: list[dict[str, Any]] = []
     created: dict[Path, Any] = {}
     anchors: dict[Path, Path | None] = {}
-    for edit in edits:
-        if edit.path not in anchors:
-            anchors[edit.path] = _missing_root(obj, edit.path, list if edit.kind == "append" else dict)
-        anchor = anchors[edit.path]
-        value = _copy(edit.value)
+    for kind, path, key, value in edits:
+        if path in anchors:
+            anchor = anchors[path]
+        else:
+            anchor = anchors[path] = _missing_root(obj, path, list if kind == "append" else dict)
+        if isinstance(value, dict | list):
+            value = _copy(value)
         if anchor is None:
-            if edit.kind == "set":
-                ops.append({"op": "add", "path": pointer((*edit.path, str(edit.key))), "value": value})
-            elif edit.kind == "append":
-                ops.append({"op": "add", "path": pointer((*edit.path, "-")), "value": value})
-            elif edit.key in pods.mapping(pods.get(obj, edit.path)):
-                ops.append({"op": "remove", "path": pointer((*edit.path, str(edit.key)))})
+            if kind == "set":
+                ops.append({"op": "add", "path": pointer((*path, str(key))), "value": value})
+            elif kind == "append":
+                ops.append({"op": "add", "path": pointer((*path, "-")), "value": value})
+            elif key in pods.mapping(pods.get(obj, path)):
+                ops.append({"op": "remove", "path": pointer((*path, str(key)))})
             continue
-        if edit.kind == "remove":
+        if kind == "remove":
             continue
         if anchor not in created:
-            created[anchor] = [] if (anchor == edit.path and edit.kind == "append") else {}
+            created[anchor] = [] if (anchor == path and kind == "append") else {}
             ops.append({"op": "add", "path": pointer(anchor), "value": created[anchor]})
         node = created[anchor]
-        rest = edit.path[len(anchor):]
+        rest = path[len(anchor):]
         for i, step in enumerate(rest):
             last = i == len(rest) - 1
-            node = node.setdefault(step, [] if (last and edit.kind == "append") else {})
-        if edit.kind == "append":
+            node = node.setdefault(step, [] if (last and kind == "append") else {})
+        if kind == "append":
             node.append(value)
         else:
-            node[edit.key] = value
+            node[key] = value
     return ops
 
 

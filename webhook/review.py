@@ -13,8 +13,8 @@ import functools
 import re
 import unicodedata
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any, Literal, cast
+from types import MappingProxyType
+from typing import Any, Literal, NamedTuple, cast
 
 import orjson
 
@@ -38,21 +38,23 @@ class ReviewError(ValueError):
         self.code = code
 
 
-@dataclass(frozen=True)
-class GroupVersionKind:
+class GroupVersionKind(NamedTuple):
     group: str = ""
     version: str = ""
     kind: str = ""
 
 
-@dataclass(frozen=True)
-class AdmissionRequest:
-    """The parts of `request` the server uses, validated once."""
+class AdmissionRequest(NamedTuple):
+    """The parts of `request` the server uses, validated once.
+
+    This and the other per-review values are NamedTuples rather than frozen dataclasses: equally immutable,
+    and several times cheaper to build, which counts on a path taken for every admission.
+    """
 
     api_version: ApiVersion
     uid: str
     operation: Operation
-    kind: GroupVersionKind = field(default_factory=GroupVersionKind)
+    kind: GroupVersionKind = GroupVersionKind()
     resource: str = ""
     sub_resource: str = ""
     namespace: str | None = None
@@ -69,15 +71,14 @@ class AdmissionRequest:
         return self.name or self.generate_name
 
 
-@dataclass(frozen=True)
-class Decision:
+class Decision(NamedTuple):
     """What the server answers, before it is put on the wire."""
 
     allowed: bool
     message: str = ""
     patch: Sequence[Mapping[str, Any]] = ()
     warnings: Sequence[str] = ()
-    audit_annotations: Mapping[str, str] = field(default_factory=dict)
+    audit_annotations: Mapping[str, str] = MappingProxyType({})
 
 
 def _mapping(value: object, where: str, *, required: bool = False) -> Mapping[str, Any] | None:
