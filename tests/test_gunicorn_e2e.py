@@ -313,6 +313,9 @@ def test_sigterm_drains_in_flight_reviews(tmp_path: Path) -> None:
         assert server.proc.wait(25) == 0
         with pytest.raises(OSError):
             socket.create_connection(("127.0.0.1", server.port), timeout=2).close()
+        # The review's log line was held in the worker's batch and written as the worker exited.
+        lines = [json.loads(line) for line in server.log().splitlines() if line.startswith("{")]
+        assert [line["decision"] for line in lines if line.get("uid") == document["request"]["uid"]] == ["patch"]
     finally:
         server.stop()
 

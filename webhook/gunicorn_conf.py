@@ -32,7 +32,7 @@ from gunicorn import util as gunicorn_util
 from gunicorn.app.base import BaseApplication
 from gunicorn.workers.gthread import ThreadWorker
 
-from webhook import metrics
+from webhook import logs, metrics
 from webhook.review import error_status
 from webhook.settings import Settings
 from webhook.tls import CERT_FILE, KEY_FILE, ServingTls
@@ -57,6 +57,9 @@ def options(settings: Settings, tls: ServingTls, metrics_dir: Path) -> dict[str,
         arbiter.log.info("metrics on http://%s/metrics",
                          bind_address(settings.metrics_host, settings.metrics_port))
 
+    def worker_exit(arbiter: Any, worker: Any) -> None:
+        logs.flush()  # the review lines still held in this worker's batch
+
     def child_exit(arbiter: Any, worker: Any) -> None:
         metrics.worker_exited(worker.pid, metrics_dir)
 
@@ -76,6 +79,7 @@ def options(settings: Settings, tls: ServingTls, metrics_dir: Path) -> dict[str,
         "keyfile": str(settings.tls_dir / KEY_FILE),
         "ssl_context": ssl_context,
         "when_ready": when_ready,
+        "worker_exit": worker_exit,
         "child_exit": child_exit,
         "on_exit": on_exit,
         "preload_app": False,
