@@ -78,6 +78,14 @@ def test_parse(raw: object, expected: Fraction) -> None:
     assert quantity.parse(raw) == expected
 
 
+@pytest.mark.parametrize(("raw", "expected"), VALID)
+def test_count_is_parse_with_whole_values_as_int(raw: object, expected: Fraction) -> None:
+    counted = quantity.count(raw)
+    assert counted == expected
+    assert isinstance(counted, int) is (expected.denominator == 1)
+    assert quantity.count(raw) == counted  # the memoised answer is the same
+
+
 @pytest.mark.parametrize(("raw", "whole"), [
     pytest.param("1", True, id="1"),
     pytest.param("2e0", True, id="2e0"),
@@ -145,6 +153,12 @@ def test_refused_with_quantity_error_quickly(raw: object) -> None:
     assert time.perf_counter() - started < 0.1
     message = str(err.value)
     assert message and len(message) < 200, "the message is for a person: short, never the whole input"
+
+
+@pytest.mark.parametrize("raw", INVALID)
+def test_count_refuses_what_parse_refuses(raw: object) -> None:
+    with pytest.raises(QuantityError):
+        quantity.count(raw)
 
 
 def test_quantity_error_is_a_value_error() -> None:

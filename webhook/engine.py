@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any, NamedTuple
 
 from webhook import inventory, pods, quantity
@@ -73,10 +74,15 @@ class ChosenClass(NamedTuple):
 
     @classmethod
     def of(cls, picks: Sequence[tuple[Axis, str, str]]) -> ChosenClass:
-        return cls(tuple(picks), ",".join(f"{axis.name}={value}" for axis, value, _ in picks) or "default")
+        return cls(tuple(picks), _class_name(tuple([(axis.name, value) for axis, value, _ in picks])))
 
     def contributions(self) -> list[tuple[str, Contribution]]:
         return [(f"{axis.name} {value}", axis.values[value]) for axis, value, _ in self.picks]
+
+
+@lru_cache(maxsize=1024)
+def _class_name(pairs: tuple[tuple[str, str], ...]) -> str:
+    return ",".join(f"{axis}={value}" for axis, value in pairs) or "default"
 
 
 def evaluate(policy: Policy, obj: Mapping[str, Any] | None, ctx: Context) -> Verdict:
@@ -214,24 +220,24 @@ def _check_quantity(policy: Policy, cref: ContainerRef, name: str, limits: Mappi
             continue
         raw = table[name]
         try:
-            value = quantity.parse(raw)
+            value = quantity.count(raw)
         except quantity.QuantityError as err:
             out.add("gpu-quantity-invalid", f"{_at(cref, part, name)} {err}")
             values[part] = None
             continue
-        if value.numerator < 0:
+        if value < 0:
             out.add("gpu-quantity-invalid",
                     f'{_at(cref, part, name)} "{quantity.display(raw)}": must be greater than or equal to 0; '
                     f"ask for a whole number of GPUs such as 1")
             values[part] = None
-        elif value.denominator != 1:
+        elif not isinstance(value, int):
             out.add("gpu-whole-number",
                     f'{_at(cref, part, name)} "{quantity.display(raw)}": must be an integer; a GPU cannot be split'
                     f" this way: ask for whole GPUs, or use a shared (nvidia.com/gpu.shared) or "
                     f"MIG (nvidia.com/mig-1g.5gb) resource")
             values[part] = None
         else:
-            values[part] = int(value)
+            values[part] = value
     limit, request = values.get("limits"), values.get("requests")
     if "requests" in values and "limits" not in values:
         out.add("gpu-limits-required",
@@ -310,7 +316,6 @@ def _choose_class(policy: Policy, ref: PodSpecRef, namespace: str, ctx: Context,
     if ns_labels is None and ctx.inventory is not None:
         ns_labels = ctx.inventory.namespace_labels(namespace)
     ns_policy = policy.namespace_policy(namespace, labels=ns_labels)
-    labels_path = render_path((*ref.metadata_path, "labels"))
     picks: list[tuple[Axis, str, str]] = []
     ok = True
     for axis in policy.axes:
@@ -326,7 +331,8 @@ def _choose_class(policy: Policy, ref: PodSpecRef, namespace: str, ctx: Context,
             continue
         if value not in axis.values:
             out.add("gpu-class-unknown",
-                    f'{labels_path}[{axis.label}]: "{value}" is not a {axis.name} class; choose one of: '
+                    f'{render_path((*ref.metadata_path, "labels"))}[{axis.label}]: "{value}" is not a {axis.name} '
+                    "class; choose one of: "
                     f"{', '.join(axis.values)}")
             ok = False
             continue
@@ -436,7 +442,9 @@ def _class_edits(policy: Policy, ref: PodSpecRef, chosen: ChosenClass) -> list[E
     edits: list[Edit] = []
     selector = pods.mapping(spec.get("nodeSelector"))
     selector_path = (*path, "nodeSelector")
-    edits.extend(Edit("set", selector_path, k, v) for k, v in plan.node_selector.items() if k not in selector)
+    for key, wanted_value in plan.node_selector.items():
+        if key not in selector:
+            edits.append(Edit("set", selector_path, key, wanted_value))
     current = spec.get("tolerations")
     existing = [t for t in current if isinstance(t, dict)] if isinstance(current, list) else []
     for tol in plan.tolerations:
@@ -458,13 +466,16 @@ def _class_edits(policy: Policy, ref: PodSpecRef, chosen: ChosenClass) -> list[E
     if plan.node_affinity and "nodeAffinity" not in pods.mapping(spec.get("affinity")):
         edits.append(Edit("set", (*path, "affinity"), "nodeAffinity", dict(plan.node_affinity)))
     for part, wanted_map in (("labels", plan.labels), ("annotations", plan.annotations)):
-        have = pods.mapping(ref.metadata.get(part))
-        edits.extend(Edit("set", (*ref.metadata_path, part), k, v) for k, v in wanted_map.items() if k not in have)
+        if wanted_map:
+            have = pods.mapping(ref.metadata.get(part))
+            edits.extend(Edit("set", (*ref.metadata_path, part), k, v) for k, v in wanted_map.items() if k not in have)
     if edits:
         annotations = pods.mapping(ref.metadata.get("annotations"))
-        for key, value in ((CLASS_ANNOTATION, chosen.name), (RULES_ANNOTATION, policy.digest)):
-            if key not in annotations:
-                edits.append(Edit("set", (*ref.metadata_path, "annotations"), key, value))
+        annotations_path = (*ref.metadata_path, "annotations")
+        if CLASS_ANNOTATION not in annotations:
+            edits.append(Edit("set", annotations_path, CLASS_ANNOTATION, chosen.name))
+        if RULES_ANNOTATION not in annotations:
+            edits.append(Edit("set", annotations_path, RULES_ANNOTATION, policy.digest))
     return edits
 
 

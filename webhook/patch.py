@@ -64,9 +64,9 @@ def operations(obj: Mapping[str, Any], edits: Sequence[Edit]) -> list[dict[str, 
 def _copy(value: Any) -> Any:
     """A copy of a JSON value, so the patch never shares containers with the rules."""
     if isinstance(value, dict):
-        return {k: _copy(v) for k, v in value.items()}
+        return {k: _copy(v) if isinstance(v, dict | list) else v for k, v in value.items()}
     if isinstance(value, list):
-        return [_copy(v) for v in value]
+        return [_copy(v) if isinstance(v, dict | list) else v for v in value]
     return value
 
 
@@ -78,10 +78,12 @@ def _missing_root(obj: Mapping[str, Any], path: Path, leaf: type = dict) -> Path
     """
     node: Any = obj
     for depth, step in enumerate(path):
-        in_map = isinstance(node, dict) and node.get(step) is not None
-        in_list = isinstance(node, list) and isinstance(step, int) and step < len(node)
-        if in_map or in_list:
+        if isinstance(node, dict):
+            node = node.get(step)
+        elif isinstance(node, list) and isinstance(step, int) and step < len(node):
             node = node[step]
         else:
+            node = None
+        if node is None:
             return path[: depth + 1]
     return None if isinstance(node, leaf) else path

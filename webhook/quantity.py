@@ -52,6 +52,20 @@ def parse(value: object) -> Fraction:
     return _parse_text(value.strip())
 
 
+def count(value: object) -> int | Fraction:
+    """`parse`, with a whole value as an int (a GPU count, the common case), memoised for strings."""
+    if isinstance(value, str):
+        return _count_text(value.strip())
+    exact = parse(value)
+    return exact.numerator if exact.denominator == 1 else exact
+
+
+@lru_cache(maxsize=1024)
+def _count_text(text: str) -> int | Fraction:
+    exact = _parse_text(text)
+    return exact.numerator if exact.denominator == 1 else exact
+
+
 @lru_cache(maxsize=1024)
 def _parse_text(text: str) -> Fraction:
     if len(text) > _MAX_LENGTH:
