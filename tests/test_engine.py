@@ -334,9 +334,9 @@ WARNINGS = [
                  ["spec.runtimeClassName=nvidia", "without a GPU request"], id="runtime"),
     pytest.param({"tolerations": [GPU_TOLERATION], "containers": [{"name": "c"}]},
                  "gpu-toleration-without-request", ["spec.tolerations", "tolerates nvidia.com/gpu",
-                                                    "drop the toleration or request a GPU"], id="toleration"),
+                                                    "drop it or request a GPU"], id="toleration"),
     pytest.param({"nodeName": "gpu-1", "containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": 1}}}]},
-                 "gpu-node-name-preset", ["spec.nodeName is 'gpu-1'", "bypasses the scheduler"], id="node-name"),
+                 "gpu-node-name-preset", ["spec.nodeName='gpu-1'", "bypasses the scheduler"], id="node-name"),
 ]
 
 

@@ -156,6 +156,10 @@ def test_response_echoes_the_request_version(api_version: str) -> None:
         pytest.param("  spaced  out  ", "spaced out", id="whitespace"),
         pytest.param("\u200bzero\u2028width", "zero width", id="format-and-separator-chars"),
         pytest.param("x" * 300, "x" * (WARNING_MAX_CHARS - 3) + "...", id="truncated"),
+        pytest.param("[r] " + "word " * 40 + "; do this", "[r] " + "word " * 19 + "word...; do this",
+                     id="long: the fix after the last '; ' is kept, the text before it cut at a word"),
+        pytest.param("[r] what; " + "fix " * 30, ("[r] what; " + "fix " * 30)[: WARNING_MAX_CHARS - 3].rstrip() + "...",
+                     id="a fix too long to keep whole: a plain cut"),
     ],
 )
 def test_sanitize_warning(text: str, expected: str) -> None:

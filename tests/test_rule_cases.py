@@ -117,3 +117,27 @@ def test_every_rule_is_covered_somewhere() -> None:
     inventory_rules = {"gpu-never-schedulable", "gpu-class-no-node", "gpu-runtime-class-missing",
                        "gpu-inventory-unavailable"}
     assert set(RULES) == ENGINE_RULES | inventory_rules
+
+
+def test_every_warning_keeps_its_fix_in_kubectl() -> None:
+    """Warnings go on the wire cut to 120 characters; what comes after the last "; " (the fix) survives."""
+    from webhook.engine import Context, evaluate
+    from webhook.loader import load_policy
+    from webhook.review import WARNING_MAX_CHARS, sanitize_warning
+
+    policy = load_policy(None)
+    warned = set()
+    for _, _, case in DECLARED:
+        obj = case.get("object")
+        if not isinstance(obj, dict):
+            continue
+        for mode in ("mutate", "validate"):
+            verdict = evaluate(policy, obj, Context(namespace="default", mode=mode))  # type: ignore[arg-type]
+            for finding in verdict.warnings:
+                text = finding.render()
+                shown = sanitize_warning(text)
+                assert len(shown) <= WARNING_MAX_CHARS
+                assert shown.startswith(f"[{finding.rule}] ") and shown.endswith(text.rpartition("; ")[2]), shown
+                warned.add(finding.rule)
+    assert warned >= {"gpu-env-without-request", "gpu-runtime-without-request", "gpu-toleration-without-request",
+                      "gpu-node-name-preset"}

@@ -144,8 +144,8 @@ def _evaluate_spec(policy: Policy, obj: Mapping[str, Any], ref: PodSpecRef, name
     _check_class_fit(policy, ref, chosen, per_resource, gpus, out)
     if ref.spec_path == ("spec",) and isinstance(ref.spec.get("nodeName"), str) and ref.spec.get("nodeName"):
         out.add("gpu-node-name-preset",
-                f"spec.nodeName is {ref.spec['nodeName']!r}: this GPU Pod bypasses the scheduler and its GPU "
-                "accounting; remove spec.nodeName and let the class nodeSelector place it")
+                f"spec.nodeName={ref.spec['nodeName']!r} bypasses the scheduler's GPU accounting; remove it "
+                "(the class nodeSelector places the Pod)")
     if MIRROR_ANNOTATION in pods.mapping(pods.mapping(obj.get("metadata")).get("annotations")):
         return chosen.name, gpus  # the kubelet's mirror of a static Pod: immutable, never patched
     keep_runtime = True
@@ -288,21 +288,21 @@ def _check_unaccounted_access(policy: Policy, ref: PodSpecRef, out: _Collector) 
                 value = str(var.get("value") or "")
                 if value.strip().lower() not in NO_GPU_VALUES:
                     out.add("gpu-env-without-request",
-                            f"{cref.where()}: {GPU_ENV}={value} without a GPU request: the scheduler does not count "
-                            "these GPUs; request nvidia.com/gpu in limits")
+                            f"{cref.where()}: {GPU_ENV}={value} reaches GPUs the scheduler does not count; "
+                            "request nvidia.com/gpu in limits")
     runtime = ref.spec.get("runtimeClassName")
     if isinstance(runtime, str) and runtime in policy.gpu_runtime_classes:
         out.add("gpu-runtime-without-request",
                 f"{render_path((*ref.spec_path, 'runtimeClassName'))}={runtime} without a GPU request; "
-                "request nvidia.com/gpu in limits, or drop the runtime class")
+                "request nvidia.com/gpu in limits or drop it")
     tolerations = ref.spec.get("tolerations")
     taint_keys = policy.gpu_taint_keys
     for tol in tolerations if isinstance(tolerations, list) else []:
         key = tol.get("key") if isinstance(tol, dict) else None
         if isinstance(key, str) and key in taint_keys and tol.get("effect") in (None, "", "NoSchedule"):
             out.add("gpu-toleration-without-request",
-                    f"{render_path((*ref.spec_path, 'tolerations'))}: tolerates {tol.get('key')} without a GPU "
-                    "request, so it may occupy a GPU node; drop the toleration or request a GPU")
+                    f"{render_path((*ref.spec_path, 'tolerations'))}: tolerates {tol.get('key')} with no GPU "
+                    "request (it may hold a GPU node); drop it or request a GPU")
             break
 
 

@@ -162,12 +162,23 @@ def parse_review(body: bytes) -> AdmissionRequest:
 
 
 def sanitize_warning(text: str) -> str:
-    """One line of at most 120 characters with no control characters (the API server drops those silently)."""
+    """One line of at most 120 characters with no control characters (the API server drops those silently).
+
+    A longer warning keeps its end, the fix after its last "; ", and shortens what comes before: whoever reads
+    kubectl's `Warning:` line must still see how to fix it (`check` and the logs keep the whole text).
+    """
     cleaned = "".join(" " if unicodedata.category(c)[0] == "C" else c for c in text)
     cleaned = " ".join(cleaned.split())
-    if len(cleaned) > WARNING_MAX_CHARS:
-        cleaned = cleaned[: WARNING_MAX_CHARS - 3].rstrip() + "..."
-    return cleaned
+    if len(cleaned) <= WARNING_MAX_CHARS:
+        return cleaned
+    head, separator, fix = cleaned.rpartition("; ")
+    if separator and len(fix) <= WARNING_MAX_CHARS // 2:
+        room = WARNING_MAX_CHARS - len(fix) - len("...; ")
+        cut = head[:room]
+        if " " in cut[room // 2:]:
+            cut = cut.rsplit(" ", 1)[0]  # at a word boundary
+        return f"{cut.rstrip(' ,:;')}...; {fix}"
+    return cleaned[: WARNING_MAX_CHARS - 3].rstrip() + "..."
 
 
 def sanitize_warnings(texts: Iterable[str], limit: int = WARNINGS_MAX) -> tuple[str, ...]:
