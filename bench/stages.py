@@ -1,0 +1,99 @@
+"""Where one review's time goes inside the server, stage by stage, in-process. Prints numbers; not a test.
+
+    python bench/stages.py                      # µs per stage (best of several rounds), GPU Pod /mutate
+    python bench/stages.py --review FILE.json   # another AdmissionReview body
+
+Timings on a shared machine move with its load; instruction counts do not. To count instructions of one
+stage deterministically, run it alone under valgrind twice (with and without the loop) and subtract:
+
+    valgrind --tool=cachegrind --cache-sim=no --cachegrind-out-file=/dev/null \\
+        python bench/stages.py --only answer --count 2000      # and again with --count 0
+
+Stages are the server's own calls, on the server's own objects (`create_app` with the packaged rules,
+INFO logging to /dev/null, metrics in multiprocess mode as under gunicorn); `answer` is all of them together.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import timeit
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from prometheus_client import CollectorRegistry  # noqa: E402
+
+from webhook import logs, metrics  # noqa: E402
+from webhook.app import AdmissionServer, create_app, server_of  # noqa: E402
+from webhook.engine import Context, evaluate  # noqa: E402
+from webhook.patch import operations  # noqa: E402
+from webhook.review import build_response, decode_json, parse_review  # noqa: E402
+from webhook.settings import Settings  # noqa: E402
+
+DEFAULT_REVIEW = REPO / "tests" / "data" / "admission-reviews" / "pod-create-from-replicaset-gpu.json"
+
+
+def stages(server: AdmissionServer, body: bytes) -> dict[str, Callable[[], Any]]:
+    """Each stage of `AdmissionServer.answer` as a call on prepared inputs, in the order the server runs them."""
+    req = parse_review(body)
+    policy = server.store.policy
+    ctx = Context(namespace=req.namespace, operation=req.operation, mode="mutate", old_object=req.old_obj)
+    verdict = evaluate(policy, req.obj, ctx)
+    decision = server._decide("mutate", req, verdict, policy.digest)
+    outcome = "deny" if not decision.allowed else ("patch" if decision.patch else "allow")
+    assert req.obj is not None
+    obj = req.obj
+    return {
+        "json decode (orjson)": lambda: decode_json(body),
+        "parse_review (incl. decode)": lambda: parse_review(body),
+        "evaluate (engine)": lambda: evaluate(policy, obj, ctx),
+        "patch operations": lambda: operations(obj, verdict.edits),
+        "decide (incl. patch)": lambda: server._decide("mutate", req, verdict, policy.digest),
+        "build_response": lambda: build_response(req, decision),
+        "record (metrics + log line)": lambda: server._record("mutate", req, verdict, outcome, 0.0002),
+        "answer (all of the above)": lambda: server.answer("mutate", body),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--review", type=Path, default=DEFAULT_REVIEW, help="AdmissionReview body to answer")
+    parser.add_argument("--number", type=int, default=2000, help="calls per round")
+    parser.add_argument("--rounds", type=int, default=7, help="rounds per stage (the best is kept)")
+    parser.add_argument("--only", help="run one stage (a prefix of its name) --count times and print nothing")
+    parser.add_argument("--count", type=int, default=0, help="with --only: calls to make")
+    args = parser.parse_args(argv)
+
+    metrics.enable_multiprocess(Path(tempfile.mkdtemp(prefix="bench-stages-metrics-")))
+    os.dup2(os.open(os.devnull, os.O_WRONLY), 2)  # the INFO review lines go nowhere, as fast as stderr can be
+    logs.configure("INFO")
+    server = server_of(create_app(Settings(), registry=CollectorRegistry()))
+    body = args.review.read_bytes()
+    table = stages(server, body)
+    for call in table.values():  # warm every memo the server warms on its first reviews
+        for _ in range(200):
+            call()
+
+    if args.only:
+        [call] = [c for name, c in table.items() if name.startswith(args.only)] or [None]
+        if call is None:
+            parser.error(f"no stage starts with {args.only!r}; stages: {', '.join(table)}")
+        for _ in range(args.count):
+            call()
+        return 0
+
+    print(f"{args.review.name}: {len(body)} bytes, /mutate; best of {args.rounds} rounds x {args.number} calls")
+    for name, call in table.items():
+        best = min(timeit.repeat(call, number=args.number, repeat=args.rounds)) / args.number
+        print(f"  {name:30} {best * 1e6:8.1f} µs")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
