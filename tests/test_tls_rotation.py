@@ -126,6 +126,29 @@ def test_bad_material_keeps_the_last_good_pair(tmp_path: Path, pki: Pki, bad_fil
     assert handshake(tls.context(), client_context(pki.ca)) == fixed.cert.serial_number
 
 
+@pytest.mark.parametrize("loaded_before", [False, True], ids=["first load", "a reload"])
+def test_a_load_racing_a_rotation_reads_the_new_target(tmp_path: Path, pki: Pki, loaded_before: bool,
+                                                       monkeypatch: pytest.MonkeyPatch,
+                                                       caplog: pytest.LogCaptureFixture) -> None:
+    """The kubelet deletes the old `..data` target right after the swap: a load that resolved the old target
+    just before finds its files gone. That is a rotation, not bad material: read the new target, no error."""
+    old, new = pki.leaf(), pki.leaf()
+    kubelet_write(tmp_path, pki.secret(old))
+    tls = ServingTls(tmp_path)
+    if loaded_before:
+        tls.context()
+        kubelet_write(tmp_path, pki.secret(pki.leaf()))  # a change to notice
+    stale = tls.signature()  # resolved now ...
+    kubelet_write(tmp_path, pki.secret(new))  # ... then swapped, and the old target deleted
+    assert not Path(stale[0]).exists()
+    answers = iter([stale])
+    real = tls.signature
+    monkeypatch.setattr(tls, "signature", lambda: next(answers, None) or real())
+    with caplog.at_level(logging.ERROR, logger="webhook.tls"):
+        assert handshake(tls.context(), client_context(pki.ca)) == new.cert.serial_number
+    assert tls.failures == 0 and not caplog.records
+
+
 def test_nothing_usable_at_all_raises(tmp_path: Path) -> None:
     with pytest.raises(TlsError, match="no usable"):
         ServingTls(tmp_path).context()
@@ -234,6 +257,9 @@ def test_concurrent_handshakes_during_rotations_never_fail(tmp_path: Path, pki: 
     kubelet_write(tmp_path, pki.secret(leaves[0]))
     tls = ServingTls(tmp_path)
     client = client_context(pki.ca)
+    # Loaded once before the clients start, as the server does at startup: otherwise a first load racing the
+    # first rotation (its directory deleted mid-read) leaves nothing to serve yet.
+    assert handshake(tls.context(), client) == leaves[0].cert.serial_number
     serials = {leaf.cert.serial_number for leaf in leaves}
     seen: list[int] = []
     errors: list[BaseException] = []

@@ -9,6 +9,8 @@ an atomic rename on rotation. So:
 * the context is cached and rebuilt only when the target or a file's identity (inode, mtime, size) changes;
   a stat per new connection is the whole cost of following rotation;
 * an unreadable or mismatched pair is logged once per bad state and the last good context keeps serving.
+* files that vanish while being read because `..data` was swapped again (the kubelet deletes the old
+  target) are a rotation, not a failure: the new target is read (up to three times) and nothing is logged.
 
 TLS 1.2 is the minimum; client certificates are required and verified when a client CA file is configured.
 """
@@ -130,27 +132,39 @@ class ServingTls:
         if signature == self._signature:
             return self._loaded
         with self._lock:  # handshakes racing a reload wait for it (a few ms) rather than get the old pair
-            if signature != self._signature:
-                self._load(Path(signature[0]))
+            for attempt in range(3):
+                if signature == self._signature:
+                    break
+                error = self._load(Path(signature[0]))
                 self._signature = signature
+                if error is None:
+                    break
+                now = self.signature()
+                if now == signature or attempt == 2:  # still the same bad files: a real failure
+                    self._failed(Path(signature[0]), error)
+                    break
+                signature = now  # swapped again while being read (the old target was deleted): read the new one
         return self._loaded
 
-    def _load(self, src: Path) -> None:
+    def _failed(self, src: Path, error: str) -> None:
+        self.failures += 1
+        keeping = f"; still serving serial {self._loaded.serial:x}" if self._loaded else ""
+        log.error(
+            "unusable TLS material, keeping the last good pair",
+            extra={"event": "tls-load-failed", "dir": str(src), "error": error, "keeping": keeping},
+        )
+        if self.on_failure is not None:
+            self.on_failure(error)
+
+    def _load(self, src: Path) -> str | None:
+        """Load the pair in `src` and make it current; the error when it cannot be used (nothing changes then)."""
         try:
             cert_pem = (src / CERT_FILE).read_bytes()
             key_pem = (src / KEY_FILE).read_bytes()
             pair = load_pair(cert_pem, key_pem)
             context = build_context(cert_pem, key_pem, self.client_ca)
         except (OSError, ValueError, ssl.SSLError) as exc:
-            self.failures += 1
-            keeping = f"; still serving serial {self._loaded.serial:x}" if self._loaded else ""
-            log.error(
-                "unusable TLS material, keeping the last good pair",
-                extra={"event": "tls-load-failed", "dir": str(src), "error": str(exc), "keeping": keeping},
-            )
-            if self.on_failure is not None:
-                self.on_failure(str(exc))
-            return
+            return str(exc)
         loaded = Loaded(context, src, pair.cert.not_valid_after_utc, pair.cert.serial_number)
         previous, self._loaded = self._loaded, loaded
         log.info(
@@ -165,3 +179,4 @@ class ServingTls:
         )
         if self.on_load is not None:
             self.on_load(loaded)
+        return None
