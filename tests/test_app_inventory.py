@@ -100,3 +100,36 @@ def test_cluster_setting(value: str | None, expected: bool) -> None:
 def test_cluster_setting_refuses_nonsense() -> None:
     with pytest.raises(SettingsError, match="GPU_WEBHOOK_CLUSTER='maybe': expected true or false"):
         Settings.from_env({"GPU_WEBHOOK_CLUSTER": "maybe"})
+
+
+def _patched(document: dict[str, Any], result: dict[str, Any]) -> dict[str, Any]:
+    import jsonpatch
+
+    patched = json.loads(json.dumps(document))
+    if "patch" in result:
+        ops = json.loads(base64.b64decode(result["patch"]))
+        patched["request"]["object"] = jsonpatch.apply_patch(document["request"]["object"], ops)
+    return patched
+
+
+@pytest.mark.parametrize("cluster", ["synced", "unreachable"])
+def test_inventory_warnings_read_the_same_at_both_endpoints(replay: ReplayServer, tmp_path: Path,
+                                                            cluster: str) -> None:
+    """Both webhooks judge the same Pod against the inventory. Their warnings carry the same text, so the API
+    server, which drops exact duplicates, shows the developer each one once."""
+    if cluster == "synced":
+        serve_cluster(replay)
+    else:
+        for path in (NODES, "/api/v1/namespaces", "/apis/node.k8s.io/v1/runtimeclasses"):
+            replay.route(path, list=[Json(status(503, "ServiceUnavailable", "etcd is down"), code=503)])
+    app, inventory = app_over(replay, tmp_path)
+    try:
+        if cluster == "synced":
+            wait_synced(replay, inventory)
+        document = gpu_pod_review("1", {"gpu-webhook.io/workload": "training", "gpu-webhook.io/gpu-type": "t4"})
+        mutated = answer(app, "/mutate", document)
+        validated = answer(app, "/validate", _patched(document, mutated))
+        assert mutated["allowed"] and validated["allowed"]
+        assert mutated.get("warnings") and mutated.get("warnings") == validated.get("warnings")
+    finally:
+        inventory.stop()

@@ -17,6 +17,7 @@ from webhook.engine import Context, evaluate
 from webhook.findings import Verdict
 from webhook.inventory import Node, Snapshot, Taint
 from webhook.loader import load_policy
+from webhook.review import sanitize_warning
 from webhook.rules import Policy, parse_sources
 
 KUBE = Path(__file__).parent / "data" / "kube"
@@ -205,9 +206,9 @@ def test_required_node_affinity(expressions: list[dict[str, Any]], expected: boo
         pytest.param(pod(2), snap("t4-1", "a100-1"), POLICY, ["offers 1 (t4-1; 1 node match)"], id="t4-two"),
         pytest.param(pod(1), snap("t4-renamed-1", "a100-1"), POLICY,
                      ["[gpu-class-no-node] class workload=inference,gpu-type=t4 (nodeSelector gpu-type=t4, "
-                      "workload=inference) matches no Ready node that advertises nvidia.com/gpu: t4-renamed-1 "
-                      "advertises nvidia.com/gpu.shared instead: time-slicing or MPS with renameByDefault renames "
-                      "the resource; request nvidia.com/gpu.shared; the Pod would stay Pending"],
+                      "workload=inference) matches no Ready node that advertises nvidia.com/gpu, so the Pod would "
+                      "stay Pending: t4-renamed-1 advertises nvidia.com/gpu.shared instead: time-slicing or MPS with "
+                      "renameByDefault renames the resource; request nvidia.com/gpu.shared"],
                      id="time-sliced-renamed"),
         pytest.param(pod(1, resource="nvidia.com/gpu.shared"), snap("t4-renamed-1"), POLICY, [],
                      id="time-sliced-renamed-asks-shared"),
@@ -224,14 +225,17 @@ def test_required_node_affinity(expressions: list[dict[str, Any]], expected: boo
         pytest.param(pod(2, labels={"gpu-webhook.io/gpu-type": "a100-mig"}, resource="nvidia.com/mig-1g.5gb"),
                      snap("mig-mixed-1"), MIG_RULES, [], id="mig-mixed-slice-fits"),
         pytest.param(pod(1), snap("cpu-1"), POLICY,
-                     ["no node in the cluster advertises nvidia.com/gpu in allocatable: is its device plugin running?"],
+                     ["no node in the cluster advertises nvidia.com/gpu in allocatable; check that its device plugin "
+                      "runs"],
                      id="no-device-plugin"),
         pytest.param(pod(1, labels=TRAINING), snap("mig-single-1", "t4-1"), POLICY,
                      ["2 nodes advertise nvidia.com/gpu but none matches (mig-single-1: workload=training (node has "
-                      "inference); t4-1: gpu-type=a100 (node has t4), workload=training (node has inference))"],
+                      "inference) | t4-1: gpu-type=a100 (node has t4), workload=training (node has inference)); pick "
+                      "the class you meant with the class labels"],
                      id="selector-matches-none"),
         pytest.param(pod(1, labels=TRAINING), snap("a100-down"), POLICY,
-                     ["the matching node a100-down not Ready"], id="only-not-ready"),
+                     ["the matching node a100-down is not Ready; wait for it, or pick another class"],
+                     id="only-not-ready"),
         pytest.param(pod(1, labels=TRAINING),
                      snap(nodes=(dataclasses.replace(NODES["a100-1"],
                                                      taints=(Taint("nvidia.com/gpu", "present", "NoExecute"),)),)),
@@ -253,10 +257,14 @@ def test_required_node_affinity(expressions: list[dict[str, Any]], expected: boo
     ],
 )
 def test_capacity(obj: dict[str, Any], snapshot: Snapshot, policy: Policy, expected: list[str]) -> None:
-    found = inventory_findings(judge(obj, snapshot, policy))
+    verdict = judge(obj, snapshot, policy)
+    found = inventory_findings(verdict)
     assert len(found) == len(expected), found
     for got, want in zip(found, expected, strict=True):
         assert want in got
+    for warning in (f.render() for f in verdict.warnings):  # kubectl shows 120 characters: the fix among them
+        if "; " in warning:
+            assert sanitize_warning(warning).endswith(warning.rpartition("; ")[2]), warning
 
 
 def test_never_schedulable_denies_and_drops_the_edits() -> None:

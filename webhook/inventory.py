@@ -384,8 +384,8 @@ def capacity_findings(snapshot: Snapshot, where: Placement, resource: str, count
     if not eligible:
         why = no_node_reason(snapshot, where, resource)
         return [("gpu-class-no-node",
-                 f"class {class_name} (nodeSelector {selector}) matches no Ready node that advertises {resource}: "
-                 f"{why}; the Pod would stay Pending")]
+                 f"class {class_name} (nodeSelector {selector}) matches no Ready node that advertises {resource}, "
+                 f"so the Pod would stay Pending: {why}")]
     largest = max(eligible, key=lambda n: (n.offers(resource), n.name))
     most = largest.offers(resource)
     if count <= most:
@@ -407,21 +407,25 @@ def no_node_reason(snapshot: Snapshot, where: Placement, resource: str) -> str:
         if shared:
             return shared
     if not offering:
-        return f"no node in the cluster advertises {resource} in allocatable: is its device plugin running?"
+        return (f"no node in the cluster advertises {resource} in allocatable; check that its device plugin runs "
+                "on the GPU nodes")
     suffixed = _product_suffix_reason(offering, where.node_selector)
     if suffixed:
         return suffixed
     if not chosen:
-        shown = "; ".join(f"{n.name}: {', '.join(selector_mismatches(n, where.node_selector)) or 'node affinity'}"
-                          for n in offering[:_SHOWN])
+        shown = " | ".join(f"{n.name}: {', '.join(selector_mismatches(n, where.node_selector)) or 'node affinity'}"
+                           for n in offering[:_SHOWN])
         plural = "s advertise" if len(offering) != 1 else " advertises"
-        return f"{len(offering)} node{plural} {resource} but none matches ({shown})"
+        return (f"{len(offering)} node{plural} {resource} but none matches ({shown}); pick the class you meant with "
+                "the class labels")
     blocked = [(n, taints) for n in chosen if (taints := untolerated(n, where.tolerations))]
     if len(blocked) == len(chosen):
-        shown = "; ".join(f"{n.name}: {', '.join(map(str, taints))}" for n, taints in blocked[:_SHOWN])
+        shown = " | ".join(f"{n.name}: {', '.join(map(str, taints))}" for n, taints in blocked[:_SHOWN])
         return f"the matching nodes carry taints the Pod does not tolerate ({shown}); add a toleration to the class"
     not_ready = [n.name for n in chosen if not n.ready]
-    return f"the matching node{'s' if len(not_ready) != 1 else ''} {', '.join(not_ready[:_SHOWN])} not Ready"
+    many = len(not_ready) != 1
+    return (f"the matching node{'s' if many else ''} {', '.join(not_ready[:_SHOWN])} {'are' if many else 'is'} "
+            "not Ready; wait for it, or pick another class with the class labels")
 
 
 def _shared_instead(pool: Sequence[Node], resource: str) -> str | None:
