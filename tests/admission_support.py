@@ -18,6 +18,7 @@ import socket
 import ssl
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Mapping
@@ -149,8 +150,11 @@ class Server:
     port: int
     metrics_port: int
     log_path: Path
+    copier: threading.Thread | None = None  # with pipe=True: copies the server's stdout pipe to log_path
 
     def log(self) -> str:
+        if self.copier is not None and self.proc.poll() is not None:
+            self.copier.join(10)  # everything the server wrote before it exited
         return self.log_path.read_text(errors="replace")
 
     def connection(self, context: ssl.SSLContext, timeout: float = 10) -> http.client.HTTPSConnection:
@@ -188,8 +192,11 @@ class Server:
 
 
 def start_server(tmp: Path, *args: str, trust: ssl.SSLContext | None = None, cwd: Path | None = None,
-                 workers: int = 2, threads: int = 4, startup_timeout: float = 30) -> Server:
-    """Start `serve` on free loopback ports and wait until /healthz answers (over TLS when `trust` given)."""
+                 workers: int = 2, threads: int = 4, startup_timeout: float = 30, pipe: bool = False) -> Server:
+    """Start `serve` on free loopback ports and wait until /healthz answers (over TLS when `trust` given).
+
+    Its stdout and stderr go to a log file; with `pipe`, through a pipe first, as in a container.
+    """
     port, metrics_port = free_port(), free_port()
     log_path = tmp / f"server-{port}.log"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("GPU_WEBHOOK_", "PROMETHEUS_"))}
@@ -197,9 +204,15 @@ def start_server(tmp: Path, *args: str, trust: ssl.SSLContext | None = None, cwd
     command = [sys.executable, "-m", "webhook.cli_server", "serve", "--host", "127.0.0.1", "--port", str(port),
                "--metrics-host", "127.0.0.1", "--metrics-port", str(metrics_port),
                "--workers", str(workers), "--threads", str(threads), *args]
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=cwd or tmp, env=env)
-    server = Server(proc, port, metrics_port, log_path)
+    copier = None
+    if pipe:
+        proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=cwd or tmp, env=env)
+        copier = threading.Thread(target=_copy_out, args=(proc, log_path), daemon=True)
+        copier.start()
+    else:
+        with open(log_path, "wb") as log:
+            proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=cwd or tmp, env=env)
+    server = Server(proc, port, metrics_port, log_path, copier)
     context = trust or ssl._create_unverified_context()
     deadline = time.monotonic() + startup_timeout
     while time.monotonic() < deadline:
@@ -215,6 +228,14 @@ def start_server(tmp: Path, *args: str, trust: ssl.SSLContext | None = None, cwd
             time.sleep(0.1)
     server.stop()
     raise RuntimeError(f"server did not start within {startup_timeout}s:\n{server.log()}")
+
+
+def _copy_out(proc: subprocess.Popen[bytes], log_path: Path) -> None:
+    assert proc.stdout is not None
+    with open(log_path, "wb") as log:
+        while chunk := proc.stdout.read1(65536):
+            log.write(chunk)
+            log.flush()
 
 
 def post(conn: http.client.HTTPConnection, path: str, document: Mapping[str, Any] | bytes
