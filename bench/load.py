@@ -8,8 +8,8 @@ started through `webhook.gunicorn_conf.WebhookServer` too):
 Clients keep their TLS connections alive, as kube-apiserver does; each request carries a fresh uid.
 
 1. Closed loop: client processes send reviews back to back; the servers are measured in alternating
-   rounds and the median round is kept (the machine is shared); prints requests/s and the ratios
-   (target: webhook >= 0.80 x floor).
+   rounds and the median round is kept (the machine is shared); prints requests/s, the servers' CPU time
+   per request (their worker processes' utime + stime) and the ratios (target: webhook >= 0.80 x floor).
 2. Open loop: a fixed rate (500 reviews/s by default) scheduled in advance; latency is measured from each
    request's scheduled time (a stall is not hidden by sending less): p50/p99/p99.9 (target p99 < 5 ms).
 
@@ -254,6 +254,22 @@ def open_loop(port: int, cafile: str, template: bytes, path: str, rate: float, d
     return sorted(latencies)
 
 
+def workers_cpu_seconds(master: int) -> float | None:
+    """User + system CPU seconds used so far by a gunicorn master's worker processes (Linux /proc; None elsewhere).
+
+    Per request, it shows what the server spends apart from the clients, which share the same cores.
+    """
+    try:
+        children = Path(f"/proc/{master}/task/{master}/children").read_text().split()
+        total = 0
+        for pid in children:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            total += int(fields[11]) + int(fields[12])  # utime, stime (clock ticks)
+    except (OSError, IndexError, ValueError):
+        return None
+    return total / os.sysconf("SC_CLK_TCK")
+
+
 def percentile(sorted_values: list[float], q: float) -> float:
     index = min(len(sorted_values) - 1, max(0, math.ceil(q / 100 * len(sorted_values)) - 1))
     return sorted_values[index]
@@ -366,18 +382,25 @@ def main(argv: list[str] | None = None) -> int:
               " 'bare WSGI floor' = no framework")
 
         rps: dict[str, list[float]] = {name: [] for name in NAMES}
+        cpu: dict[str, list[float]] = {name: [] for name in NAMES}  # server CPU seconds per request
         for _ in range(args.rounds):
             for name in NAMES:
                 path = args.path if name == "webhook" else "/"
-                rps[name].append(closed_loop(ports[name], cafile, template, path, args.processes,
-                                             args.connections, args.duration))
+                before = workers_cpu_seconds(servers[name].pid)
+                rate = closed_loop(ports[name], cafile, template, path, args.processes, args.connections,
+                                   args.duration)
+                rps[name].append(rate)
+                if before is not None and (after := workers_cpu_seconds(servers[name].pid)) is not None:
+                    cpu[name].append((after - before) / (rate * args.duration))
         median = {name: statistics.median(values) for name, values in rps.items()}  # robust to a noisy round
         conns = args.processes * args.connections
         print(f"\nclosed loop, {conns} keep-alive connections, {args.rounds} alternating rounds x "
               f"{args.duration:g} s each (median of rounds):")
         for name in NAMES:
             rounds = ", ".join(f"{r:.0f}" for r in rps[name])
-            print(f"  {LABELS[name]:<16} {median[name]:8.0f} req/s   (rounds: {rounds})")
+            per_request = f"{statistics.median(cpu[name]) * 1e6:5.0f} µs" if cpu[name] else "  n/a"
+            print(f"  {LABELS[name]:<16} {median[name]:8.0f} req/s   server CPU {per_request} per request   "
+                  f"(rounds: {rounds})")
         print(f"  ratio webhook / Flask floor     = {median['webhook'] / median['floor']:.2f}   (target >= 0.80)")
         print(f"  ratio webhook / bare WSGI floor = {median['webhook'] / median['bare']:.2f}")
 
