@@ -168,7 +168,7 @@ def _check_inventory(policy: Policy, ref: PodSpecRef, chosen: ChosenClass,
     if not snapshot.synced:
         out.add("gpu-inventory-unavailable",
                 f"the cluster inventory is not synced ({snapshot.reason or 'starting'}): the checks against GPU "
-                "nodes and runtime classes were skipped")
+                "nodes and runtime classes were skipped; nothing to change in the Pod")
         return True
     edits = _class_edits(policy, ref, chosen)
     if mode != "mutate":  # /validate judges the final Pod: nothing is injected there
