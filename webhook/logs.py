@@ -6,9 +6,10 @@ shape without building a LogRecord (a third of the server's own time per review 
 
 Every line goes through one `LineWriter` per process, which writes whole lines in batches of at most
 PIPE_BUF bytes: a write(2) of that size to the container's stdout pipe is atomic, so the lines of several
-workers never interleave, and a review no longer pays for a system call of its own. Under load a write(2)
-costs far more than its own time: it lets go of the GIL and the request threads of the worker queue behind
-it (measured in docs/performance.md). Lines are held at most `FLUSH_SECONDS`; a warning or an error is
+workers never interleave, and a review no longer pays for a system call of its own (each write(2) also
+lets go of the GIL, a hand-off between the worker's threads). What INFO logging still costs per review is
+building and encoding the line (docs/performance.md, section 8). Lines are held at most `FLUSH_SECONDS`; a
+warning or an error is
 written at once, with the lines before it; the rest is written at exit. A worker killed outright (SIGKILL,
 OOM) loses at most the lines of its last `FLUSH_SECONDS`.
 """
