@@ -8,10 +8,9 @@ Every line goes through one `LineWriter` per process, which writes whole lines i
 PIPE_BUF bytes: a write(2) of that size to the container's stdout pipe is atomic, so the lines of several
 workers never interleave, and a review no longer pays for a system call of its own (each write(2) also
 lets go of the GIL, a hand-off between the worker's threads). What INFO logging still costs per review is
-building and encoding the line (docs/performance.md, section 8). Lines are held at most `FLUSH_SECONDS`; a
-warning or an error is
-written at once, with the lines before it; the rest is written at exit. A worker killed outright (SIGKILL,
-OOM) loses at most the lines of its last `FLUSH_SECONDS`.
+building and encoding the line (docs/performance.md, section 8). Lines are held at most `FLUSH_SECONDS`;
+a warning or an error is written at once, with the lines before it; the rest is written at exit. A worker
+killed outright (SIGKILL, OOM) loses at most the lines of its last `FLUSH_SECONDS`.
 """
 
 from __future__ import annotations
