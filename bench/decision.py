@@ -12,14 +12,11 @@ import json
 import platform
 import statistics
 import time
-from pathlib import Path
 from typing import Any
 
 from webhook.engine import Context, evaluate
 from webhook.loader import load_policy
 from webhook.patch import operations
-
-DATA = Path(__file__).resolve().parent.parent / "tests" / "data" / "admission-reviews"
 
 
 def _gpu_pod() -> dict[str, Any]:

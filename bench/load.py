@@ -228,29 +228,28 @@ def open_loop(port: int, cafile: str, template: bytes, path: str, rate: float, d
 
     def run(index: int) -> None:
         conn = conns[index]
-        mine = []
-        for i in range(index, total, connections):
-            due = start + i / rate
-            delay = due - time.perf_counter()
-            if delay > 0:
-                time.sleep(delay)
-            request = make()
-            status, _ = conn.roundtrip(request)
-            mine.append(time.perf_counter() - due)
-            if status != 200:
-                errors.append(str(status))
-        with lock:
-            latencies.extend(mine)
+        mine: list[float] = []
+        try:
+            for i in range(index, total, connections):
+                due = start + i / rate
+                delay = due - time.perf_counter()
+                if delay > 0:
+                    time.sleep(delay)
+                status, _ = conn.roundtrip(make())
+                mine.append(time.perf_counter() - due)
+                if status != 200:
+                    errors.append(str(status))
+        except Exception as exc:  # a dropped or stalled connection is a failure, never a missing sample
+            errors.append(repr(exc))
+        finally:
+            with lock:
+                latencies.extend(mine)
 
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(connections)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    fan_out(connections, run)
     for conn in conns:
         conn.close()
     if errors:
-        raise RuntimeError(f"{len(errors)} failed requests")
+        raise RuntimeError(f"{len(errors)} failed requests, e.g. {errors[:3]}")
     return sorted(latencies)
 
 
@@ -326,14 +325,22 @@ def positive(text: str) -> float:
     return value
 
 
+def positive_int(text: str) -> int:
+    """An argparse type: a whole number above zero."""
+    value = int(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{text} is not above 0")
+    return value
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--review", type=Path, default=DEFAULT_REVIEW, help="AdmissionReview to send")
     parser.add_argument("--path", default="/mutate", help="webhook endpoint (default /mutate)")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--threads", type=int, default=4)
-    parser.add_argument("--duration", type=float, default=4.0, help="seconds per measurement")
-    parser.add_argument("--rounds", type=int, default=5, help="alternating closed-loop rounds per server")
+    parser.add_argument("--duration", type=positive, default=4.0, help="seconds per measurement")
+    parser.add_argument("--rounds", type=positive_int, default=5, help="alternating closed-loop rounds per server")
     parser.add_argument("--processes", type=int, default=2, help="closed-loop client processes")
     parser.add_argument("--connections", type=int, default=4, help="keep-alive connections per client process")
     parser.add_argument("--rate", type=positive, default=500.0, help="open-loop reviews per second (> 0)")

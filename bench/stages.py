@@ -71,6 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     metrics.enable_multiprocess(Path(tempfile.mkdtemp(prefix="bench-stages-metrics-")))
+    sys.stderr = os.fdopen(os.dup(2), "w", buffering=1)  # our own errors still show
     os.dup2(os.open(os.devnull, os.O_WRONLY), 2)  # the INFO review lines go nowhere, as fast as stderr can be
     logs.configure("INFO")
     server = server_of(create_app(Settings(), registry=CollectorRegistry()))
@@ -81,9 +82,10 @@ def main(argv: list[str] | None = None) -> int:
             call()
 
     if args.only:
-        [call] = [c for name, c in table.items() if name.startswith(args.only)] or [None]
-        if call is None:
-            parser.error(f"no stage starts with {args.only!r}; stages: {', '.join(table)}")
+        matches = [c for name, c in table.items() if name.startswith(args.only)]
+        if len(matches) != 1:
+            parser.error(f"{args.only!r} starts {len(matches)} stage names, not one; stages: {', '.join(table)}")
+        [call] = matches
         for _ in range(args.count):
             call()
         return 0

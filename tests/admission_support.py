@@ -46,6 +46,10 @@ def review(name: str, **request_changes: Any) -> dict[str, Any]:
     return document
 
 
+# The realistic GPU Pod CREATE (from a ReplicaSet, defaulted) most server tests send; send it through with_uid.
+GPU_REVIEW = review("pod-create-from-replicaset-gpu")
+
+
 def body(document: Mapping[str, Any]) -> bytes:
     return json.dumps(document).encode()
 

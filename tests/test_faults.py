@@ -28,6 +28,7 @@ from typing import Any
 
 import pytest
 from admission_support import (
+    GPU_REVIEW,
     Pki,
     Server,
     body,
@@ -41,7 +42,6 @@ from admission_support import (
     with_uid,
 )
 
-GPU_REVIEW = review("pod-create-from-replicaset-gpu")
 POLL = 0.2
 
 

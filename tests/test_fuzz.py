@@ -24,7 +24,7 @@ from typing import Any
 import jsonpatch
 import orjson
 import pytest
-from admission_support import Pki, Server, body, client_context, kubelet_write, review, start_server
+from admission_support import GPU_REVIEW, Pki, Server, body, client_context, kubelet_write, review, start_server
 from flask import Flask
 from flask.testing import FlaskClient
 from hypothesis import HealthCheck, given, settings
@@ -39,7 +39,7 @@ FAST = settings(max_examples=120, deadline=None, suppress_health_check=list(Heal
 WIRE = settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
 LONG = settings(max_examples=3000, deadline=None, suppress_health_check=list(HealthCheck))
 CAP = 64 * 1024
-BASE = review("pod-create-from-replicaset-gpu")
+BASE = GPU_REVIEW
 FIXTURES = ["pod-create-from-replicaset-gpu", "pod-create-gpu-mismatch", "deployment-create-gpu-template",
             "cronjob-create-gpu-mismatch", "pod-update-label", "pod-delete", "pod-create-v1beta1",
             "pod-create-sidecar-gpu", "pod-status-update"]

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import pytest
 from admission_support import (
+    GPU_REVIEW,
     REPO,
     Pki,
     Server,
@@ -32,13 +33,10 @@ from admission_support import (
     kubelet_write,
     peer_serial,
     post,
-    review,
     rules_files,
     start_server,
     with_uid,
 )
-
-GPU_REVIEW = review("pod-create-from-replicaset-gpu")
 
 
 @pytest.fixture(scope="module")

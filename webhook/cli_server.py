@@ -218,7 +218,7 @@ def run_serve(args: argparse.Namespace) -> int:
               f"(for {DEFAULT_SERVICE}.{DEFAULT_NAMESPACE}.svc, localhost, 127.0.0.1)\n"
               f"try:  curl --cacert {where}/ca.crt https://localhost:{settings.port}/healthz", flush=True)
     from webhook.policy_store import PolicyStore
-    from webhook.tls import ServingTls
+    from webhook.tls import ServingTls, TlsError
 
     try:
         store = PolicyStore(settings.rules_dir)
@@ -235,8 +235,10 @@ def run_serve(args: argparse.Namespace) -> int:
             return 1
     assert settings.tls_dir is not None
     tls = ServingTls(settings.tls_dir, settings.client_ca)
-    if tls.refresh() is None:
-        print(f"error: no usable tls.crt/tls.key in {settings.tls_dir}", file=sys.stderr)
+    try:
+        tls.context()
+    except TlsError as exc:
+        print(f"error: {exc}", file=sys.stderr)
         return 1
     return _run_gunicorn(settings, store, tls)
 
@@ -245,9 +247,9 @@ def _run_gunicorn(settings: Settings, store: PolicyStore, tls: ServingTls) -> in
     from webhook import metrics
     from webhook.app import create_app
     from webhook.gunicorn_conf import WebhookServer
+    from webhook.tls import SHM_DIR
 
-    shm = "/dev/shm" if os.access("/dev/shm", os.W_OK) else None  # memory-backed when available
-    metrics_dir = Path(tempfile.mkdtemp(prefix="gpu-webhook-metrics-", dir=shm))
+    metrics_dir = Path(tempfile.mkdtemp(prefix="gpu-webhook-metrics-", dir=SHM_DIR))
     metrics.enable_multiprocess(metrics_dir)
     print(f"serving https://{settings.host}:{settings.port} (/mutate /validate /healthz /readyz), "
           f"metrics http://{settings.metrics_host}:{settings.metrics_port}/metrics, "

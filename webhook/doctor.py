@@ -93,11 +93,11 @@ def diagnose(policy: Policy, facts: Facts) -> Report:
                                              snapshot.runtime_classes.get(str(spec.get("runtimeClassName") or "")))
         used = _used(policy, facts.pods, exclude=_name(pod), namespace=_namespace(pod))
         steps.append(_advertised_step(snapshot, asks))
-        steps.append(_device_plugin_step(policy, facts, asks))
+        steps.append(_device_plugin_step(policy, facts))
         steps.append(_matching_step(snapshot, where, asks, used, scheduled=bool(spec.get("nodeName"))))
     steps.append(_landing_step(pod))
     steps.append(_events_step(facts))
-    steps.append(_runtime_class_step(policy, snapshot, spec, gpu=bool(asks or claims)))
+    steps.append(_runtime_class_step(snapshot, spec, gpu=bool(asks or claims)))
     steps.append(_webhook_step(policy, facts))
     return Report(f"{_namespace(pod)}/{_name(pod)}", tuple(steps))
 
@@ -147,12 +147,13 @@ def _ready(pod: Json) -> bool:
     return any(mapping(c).get("type") == "Ready" and mapping(c).get("status") == "True" for c in conditions)
 
 
-def _device_plugin_step(policy: Policy, facts: Facts, asks: Mapping[str, int]) -> Step:
+def _device_plugin_step(policy: Policy, facts: Facts) -> Step:
     plugins = [ds for ds in facts.daemonsets if _is_device_plugin(ds)]
     gpu_nodes = _gpu_nodes(policy, facts.snapshot)
     if not plugins:
         return Step("Device plugin", "warn" if gpu_nodes else "fail",
-                    "no device plugin DaemonSet found (none is named or runs an image with 'device-plugin')",
+                    "no device plugin DaemonSet found (none is named or runs an image with 'device-plugin'); install "
+                    "the NVIDIA device plugin (or the GPU Operator) on the GPU nodes",
                     tuple(f"GPU node {n.name}" for n in gpu_nodes[:_SHOWN]))
     evidence: list[str] = []
     covered: set[str] = set()
@@ -301,7 +302,7 @@ def _explain(warnings: Sequence[Json]) -> str:
     return f"{len(warnings)} warning event(s): {', '.join(sorted(reasons))}"
 
 
-def _runtime_class_step(policy: Policy, snapshot: Snapshot, spec: Json, gpu: bool) -> Step:
+def _runtime_class_step(snapshot: Snapshot, spec: Json, gpu: bool) -> Step:
     name = spec.get("runtimeClassName")
     if not name:
         detail = ("no runtimeClassName: the node's default runtime must expose GPUs (CDI, or the NVIDIA runtime "
@@ -309,7 +310,9 @@ def _runtime_class_step(policy: Policy, snapshot: Snapshot, spec: Json, gpu: boo
         return Step("RuntimeClass", "info", detail)
     found = snapshot.runtime_classes.get(str(name))
     if found is None:
-        return Step("RuntimeClass", "fail", f'RuntimeClass "{name}" not found: new Pods naming it are rejected',
+        return Step("RuntimeClass", "fail",
+                    f'RuntimeClass "{name}" not found: new Pods naming it are rejected; create it (the GPU '
+                    "Operator installs it) or remove runtimeClassName from the Pod's template",
                     (f"RuntimeClasses: {', '.join(sorted(snapshot.runtime_classes)) or '(none)'}",))
     scheduling = ", ".join(f"{k}={v}" for k, v in sorted(found.node_selector.items()))
     evidence = (f"handler {found.handler}" + (f"; scheduling.nodeSelector {scheduling}" if scheduling else ""),)

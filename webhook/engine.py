@@ -148,29 +148,29 @@ def _evaluate_spec(policy: Policy, obj: Mapping[str, Any], ref: PodSpecRef, name
                 "(the class nodeSelector places the Pod)")
     if MIRROR_ANNOTATION in pods.mapping(pods.mapping(obj.get("metadata")).get("annotations")):
         return chosen.name, gpus  # the kubelet's mirror of a static Pod: immutable, never patched
+    edits = _class_edits(policy, ref, chosen)  # what the class adds: injected, checked or required below
     keep_runtime = True
     if ctx.inventory is not None:
-        keep_runtime = _check_inventory(policy, ref, chosen, per_resource, ctx.inventory, ctx.mode, out)
+        keep_runtime = _check_inventory(policy, ref, chosen, edits, per_resource, ctx.inventory, ctx.mode, out)
     if ctx.mode == "mutate":
         if (not ref.is_template or policy.mutate_templates) and obj.get("kind") in pods.KNOWN_KINDS:
-            out.edits.extend(e for e in _class_edits(policy, ref, chosen)
-                             if keep_runtime or not _is_runtime_edit(ref, e))
+            out.edits.extend(e for e in edits if keep_runtime or not _is_runtime_edit(ref, e))
     elif not ref.is_template and not any(f.enforcement == "deny" for f in out.findings):
         # Only once the Pod is otherwise fine: a Pod denied for its quantities is fixed first.
-        _require_class(ref, chosen, _class_edits(policy, ref, chosen), out)
+        _require_class(ref, chosen, edits, out)
     return chosen.name, gpus
 
 
-def _check_inventory(policy: Policy, ref: PodSpecRef, chosen: ChosenClass,
+def _check_inventory(policy: Policy, ref: PodSpecRef, chosen: ChosenClass, edits: Sequence[Edit],
                      per_resource: Mapping[str, list[tuple[ContainerRef, int]]], snapshot: Snapshot, mode: Mode,
                      out: _Collector) -> bool:
-    """The live-cluster checks of a GPU pod spec (webhook.inventory); False: do not inject runtimeClassName."""
+    """The live-cluster checks of a GPU pod spec with its class `edits` (webhook.inventory); False: do not
+    inject runtimeClassName."""
     if not snapshot.synced:
         out.add("gpu-inventory-unavailable",
                 f"the cluster inventory is not synced ({snapshot.reason or 'starting'}): the checks against GPU "
                 "nodes and runtime classes were skipped; nothing to change in the Pod")
         return True
-    edits = _class_edits(policy, ref, chosen)
     if mode != "mutate":  # /validate judges the final Pod: nothing is injected there
         edits = [e for e in edits if not _is_runtime_edit(ref, e)]
     requests = {name: pods.effective_count(counts) for name, counts in per_resource.items()
@@ -448,12 +448,7 @@ def _class_edits(policy: Policy, ref: PodSpecRef, chosen: ChosenClass) -> list[E
     current = spec.get("tolerations")
     existing = [t for t in current if isinstance(t, dict)] if isinstance(current, list) else []
     for tol in plan.tolerations:
-        if tol in existing:
-            continue
-        for present in existing:
-            if _covers(present, tol):
-                break
-        else:
+        if not any(_covers(present, tol) for present in existing):
             edits.append(Edit("append", (*path, "tolerations"), None, dict(tol)))
     for field_name, wanted in plan.fields:
         value = spec.get(field_name)

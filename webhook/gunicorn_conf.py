@@ -18,7 +18,6 @@
 from __future__ import annotations
 
 import contextlib
-import os
 import shutil
 import socket
 import threading
@@ -35,7 +34,7 @@ from gunicorn.workers.gthread import ThreadWorker
 from webhook import logs, metrics
 from webhook.review import error_status
 from webhook.settings import Settings
-from webhook.tls import CERT_FILE, KEY_FILE, ServingTls
+from webhook.tls import CERT_FILE, KEY_FILE, SHM_DIR, ServingTls
 
 WsgiApp = Callable[..., Any]
 
@@ -88,7 +87,7 @@ def options(settings: Settings, tls: ServingTls, metrics_dir: Path) -> dict[str,
         "errorlog": "-",
         "accesslog": None,
         "control_socket_disable": True,  # no ~/.gunicorn/gunicorn.ctl: read-only root file systems, many instances
-        "worker_tmp_dir": "/dev/shm" if os.path.isdir("/dev/shm") else None,
+        "worker_tmp_dir": SHM_DIR,
     }
 
 

@@ -116,14 +116,19 @@ def snapshot_from_api(nodes: Iterable[Mapping[str, Any]] = (), runtime_classes: 
                       namespaces: Iterable[Mapping[str, Any]] = (), claim_templates: Iterable[Mapping[str, Any]] = (),
                       *, synced: bool = True, reason: str = "") -> Snapshot:
     """A snapshot from lists of API objects (JSON as the API server sends it)."""
-    rcs = [runtime_class_from_api(o) for o in runtime_classes]
-    nss = [namespace_from_api(o) for o in namespaces]
-    cts = [claim_template_from_api(o) for o in claim_templates]
+    return snapshot_of(map(node_from_api, nodes), map(runtime_class_from_api, runtime_classes),
+                       map(namespace_from_api, namespaces), map(claim_template_from_api, claim_templates),
+                       synced=synced, reason=reason)
+
+
+def snapshot_of(nodes: Iterable[Node], runtime_classes: Iterable[RuntimeClass], namespaces: Iterable[Namespace],
+                claim_templates: Iterable[ClaimTemplate], *, synced: bool = True, reason: str = "") -> Snapshot:
+    """A snapshot from parsed objects: nodes in name order, the rest keyed as the checks look them up."""
     return Snapshot(
-        nodes=tuple(sorted((node_from_api(o) for o in nodes), key=lambda n: n.name)),
-        runtime_classes={r.name: r for r in rcs},
-        namespaces={n.name: n for n in nss},
-        claim_templates={(c.namespace, c.name): c for c in cts},
+        nodes=tuple(sorted(nodes, key=lambda n: n.name)),
+        runtime_classes={r.name: r for r in runtime_classes},
+        namespaces={n.name: n for n in namespaces},
+        claim_templates={(c.namespace, c.name): c for c in claim_templates},
         synced=synced,
         reason=reason,
     )
@@ -316,7 +321,8 @@ def _expression(labels: Mapping[str, str], expr: Mapping[str, Any]) -> bool:
 
 def selects(node: Node, where: Placement) -> bool:
     """The node's labels satisfy the nodeSelector and the required node affinity."""
-    return not selector_mismatches(node, where.node_selector) and affinity_matches(node, where.node_affinity)
+    return (all(node.labels.get(k) == v for k, v in where.node_selector.items())
+            and affinity_matches(node, where.node_affinity))
 
 
 def eligible_nodes(snapshot: Snapshot, where: Placement, resource: str) -> list[Node]:
@@ -348,8 +354,6 @@ def assess(snapshot: Snapshot, where: Placement, requests: Mapping[str, int], cl
         keep = False
     runtime = snapshot.runtime_classes.get(where.runtime_class or "") if keep else None
     final = with_runtime_class(where, runtime)
-    if not keep:
-        final = Placement(final.node_selector, final.tolerations, final.node_affinity, None, False)
     for resource, count in sorted(requests.items()):
         if count > 0:
             findings.extend(capacity_findings(snapshot, final, resource, count, class_name))

@@ -270,14 +270,9 @@ class ClusterInventory:
             if self._cached is not None and self._cached[0] == key:
                 return self._cached[1]
             parts = {c.source.name: list(c.items.values()) for c in self._caches}
-            snapshot = Snapshot(
-                nodes=tuple(sorted(parts.get("nodes", []), key=lambda n: n.name)),
-                runtime_classes={r.name: r for r in parts.get("runtimeclasses", [])},
-                namespaces={n.name: n for n in parts.get("namespaces", [])},
-                claim_templates={(t.namespace, t.name): t for t in parts.get("resourceclaimtemplates", [])},
-                synced=synced,
-                reason=reason,
-            )
+            snapshot = inventory.snapshot_of(parts.get("nodes", []), parts.get("runtimeclasses", []),
+                                             parts.get("namespaces", []), parts.get("resourceclaimtemplates", []),
+                                             synced=synced, reason=reason)
             self._cached = (key, snapshot)
             return snapshot
 
@@ -443,6 +438,7 @@ WORKLOADS: tuple[tuple[str, str, str], ...] = (
     ("Job", "batch/v1", "job"),
     ("CronJob", "batch/v1", "cron_job"),
 )
+_SUFFIXES = {kind: suffix for kind, _, suffix in WORKLOADS}
 
 
 def _api_for(api: k8s.ApiClient, api_version: str) -> Any:
@@ -493,9 +489,7 @@ def read_workloads(api: k8s.ApiClient, namespace: str | None) -> list[Json]:
 
 
 def _read(api: k8s.ApiClient, kind: str, api_version: str, namespace: str, name: str) -> Json | None:
-    suffix = {"Pod": "pod", "ReplicaSet": "replica_set", "Deployment": "deployment", "Job": "job",
-              "StatefulSet": "stateful_set", "DaemonSet": "daemon_set", "CronJob": "cron_job"}[kind]
-    call = getattr(_api_for(api, api_version), f"read_namespaced_{suffix}")
+    call = getattr(_api_for(api, api_version), f"read_namespaced_{_SUFFIXES[kind]}")
     try:
         obj = _json_call(call, name=name, namespace=namespace)
     except ApiException as err:
@@ -511,8 +505,7 @@ def _events(api: k8s.ApiClient, namespace: str, kind: str, name: str) -> list[Js
                     field_selector=f"involvedObject.kind={kind},involvedObject.name={name}")[0]
 
 
-OWNER_VERSIONS = {"ReplicaSet": "apps/v1", "Deployment": "apps/v1", "StatefulSet": "apps/v1",
-                  "DaemonSet": "apps/v1", "Job": "batch/v1", "CronJob": "batch/v1"}
+OWNER_VERSIONS = {kind: api_version for kind, api_version, _ in WORKLOADS if kind != "Pod"}
 
 
 def read_doctor_facts(api: k8s.ApiClient, namespace: str, name: str) -> Facts | None:

@@ -42,6 +42,19 @@ def read_manifests(source: str, text: str) -> list[Manifest]:
     return out
 
 
+def yaml_documents(text: str) -> Iterator[tuple[yaml.Node, Any]]:
+    """Each YAML document as its composed node (for line numbers) and its value, parsed once, safe tags only;
+    raises yaml.YAMLError."""
+    loader = yaml.SafeLoader(text)
+    try:
+        while loader.check_node():
+            node = loader.get_node()
+            if node is not None:  # check_node() was true: there is a document
+                yield node, loader.construct_document(node)
+    finally:
+        loader.dispose()
+
+
 def _documents(source: str, text: str) -> Iterator[tuple[int, Any]]:
     stripped = text.lstrip()
     if stripped.startswith(("{", "[")) and not stripped.startswith("{{"):
@@ -51,14 +64,8 @@ def _documents(source: str, text: str) -> Iterator[tuple[int, Any]]:
         except json.JSONDecodeError:
             pass  # flow-style YAML (KYAML) also starts with "{"; let the YAML parser judge it
     try:
-        loader = yaml.SafeLoader(text)
-        try:
-            while loader.check_node():
-                node = loader.get_node()
-                line = node.start_mark.line + 1 if node is not None else 1
-                yield line, loader.construct_document(node) if node is not None else None
-        finally:
-            loader.dispose()
+        for node, body in yaml_documents(text):
+            yield node.start_mark.line + 1, body
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None) or getattr(err, "context_mark", None)
         line = mark.line + 1 if mark is not None else 1

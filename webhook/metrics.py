@@ -96,7 +96,7 @@ class Metrics:
 
     def review(self, endpoint: str, kind: str, decision: str, findings: Iterable[tuple[str, str]],
                seconds: float) -> None:
-        self._child(self.reviews, endpoint, kind or "unknown", decision).inc()
+        self._child(self.reviews, endpoint, kind, decision).inc()
         for rule, effect in findings:
             self._child(self.rule_findings, endpoint, rule, effect).inc()
         self._child(self.latency, endpoint).observe(seconds)
@@ -118,10 +118,6 @@ def enable_multiprocess(directory: Path) -> None:
     """
     os.environ[MULTIPROC_ENV] = str(directory)
     prometheus_values.ValueClass = prometheus_values.get_value_class()  # type: ignore[no-untyped-call]
-
-
-def multiprocess_enabled() -> bool:
-    return MULTIPROC_ENV in os.environ
 
 
 def serve_aggregate(host: str, port: int, directory: Path) -> tuple[WSGIServer, Thread]:

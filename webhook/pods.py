@@ -27,7 +27,8 @@ KNOWN_KINDS: dict[str, tuple[Path, Path]] = {
         ("spec", "jobTemplate", "spec", "template", "metadata"),
     ),
 }
-CONTAINER_LISTS = ("initContainers", "containers", "ephemeralContainers")
+# Containers judged: ephemeral (debugging) containers are not, as they cannot hold resources (the API server refuses).
+CONTAINER_LISTS = ("initContainers", "containers")
 _MAX_SEARCH_DEPTH = 12
 
 
@@ -121,12 +122,10 @@ def _search(root: Mapping[str, Any], node: Any, path: Path, depth: int) -> Itera
             yield from _search(root, item, (*path, index), depth + 1)
 
 
-def containers(ref: PodSpecRef, *, include_ephemeral: bool = False) -> list[ContainerRef]:
-    """Init containers, then containers (and ephemeral containers when asked), in declaration order."""
+def containers(ref: PodSpecRef) -> list[ContainerRef]:
+    """Init containers, then containers, in declaration order."""
     out: list[ContainerRef] = []
     for list_name in CONTAINER_LISTS:
-        if list_name == "ephemeralContainers" and not include_ephemeral:
-            continue
         items = ref.spec.get(list_name)
         if isinstance(items, list):
             out.extend(

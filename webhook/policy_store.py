@@ -9,7 +9,6 @@ good Policy serving. Readers never wait: `policy` is one attribute read.
 from __future__ import annotations
 
 import logging
-import os
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -17,6 +16,7 @@ from pathlib import Path
 from webhook.loader import load_policy, rule_files
 from webhook.metrics import Metrics
 from webhook.rules import Policy, RuleError
+from webhook.tls import source_dir
 
 log = logging.getLogger("webhook.rules")
 
@@ -26,8 +26,7 @@ Loader = Callable[[Path | None], Policy]
 
 def directory_signature(directory: Path) -> Signature:
     """What identifies the current content of a rules directory: the `..data` target and each rule file."""
-    data = directory / "..data"
-    target = os.path.realpath(data) if os.path.lexists(data) else str(directory)
+    target = str(source_dir(directory))  # a mounted ConfigMap swaps `..data` as a mounted Secret does
     try:
         paths = rule_files(directory)  # exactly the files the loader reads
     except (RuleError, OSError):
@@ -51,8 +50,6 @@ class PolicyStore:
         self._signature = directory_signature(rules_dir) if rules_dir else None
         self.policy: Policy = loader(rules_dir)  # fail fast: RuleError propagates
         self.metrics: Metrics | None = None
-        self.reloads = 0
-        self.failures = 0
         self.last_error: str | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -81,7 +78,6 @@ class PolicyStore:
 
     def _installed(self, policy: Policy) -> None:
         old, self.policy = self.policy, policy
-        self.reloads += 1
         self.last_error = None
         log.info("rules reloaded", extra={"event": "rules-reloaded", "digest": policy.digest,
                                           "previous": old.digest, "dir": str(self.rules_dir)})
@@ -90,7 +86,6 @@ class PolicyStore:
             self.metrics.rules_changed(old.digest, policy.digest)
 
     def _failed(self, error: str) -> None:
-        self.failures += 1
         self.last_error = error
         log.error("invalid rules refused, the last good rules keep serving",
                   extra={"event": "rules-reload-failed", "error": error, "digest": self.policy.digest,

@@ -29,7 +29,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, cast, get_args
 
 import jsonpointer
 import yaml
@@ -38,7 +38,7 @@ from webhook.checking import decide, namespace_of
 from webhook.findings import Mode, Operation
 from webhook.loader import load_policy
 from webhook.manifests_io import read_manifests
-from webhook.rules import Policy
+from webhook.rules import Policy, RuleError
 
 KIND = "GPUPolicyTest"
 
@@ -86,7 +86,10 @@ def run_file(path: Path, policies: dict[Path | None, Policy] | None = None) -> l
         raise TestFileError(f"{path}: expected kind {KIND} with a list of cases")
     rules_dir = (path.parent / str(body["rules"])).resolve() if body.get("rules") else None
     if rules_dir not in policies:
-        policies[rules_dir] = load_policy(rules_dir)
+        try:
+            policies[rules_dir] = load_policy(rules_dir)
+        except RuleError as err:
+            raise TestFileError(f"{path}: rules: {body['rules']!r}: {err}") from None
     policy = policies[rules_dir]
     return [_run_case(policy, path, index, case) for index, case in enumerate(body["cases"], start=1)]
 
@@ -97,8 +100,10 @@ def _run_case(policy: Policy, path: Path, index: int, case: Any) -> CaseOutcome:
     name = str(case.get("name") or f"case {index}")
     obj = _case_object(path, index, case)
     namespace = str(case.get("namespace") or namespace_of(obj, None))  # as `check` does without --namespace
-    operation = cast(Operation, case.get("operation", "CREATE"))
-    mode = cast(Mode, case.get("mode", "mutate"))
+    operation, mode = case.get("operation", "CREATE"), case.get("mode", "mutate")
+    if operation not in get_args(Operation) or mode not in get_args(Mode):
+        raise TestFileError(f"{path}: case {index}: operation must be one of {', '.join(get_args(Operation))} and "
+                            f"mode one of {', '.join(get_args(Mode))}; got {operation!r}, {mode!r}")
     outcome = decide(policy, obj, namespace, operation, mode)
     problems = _compare(case["expect"], outcome.verdict, outcome.patch, outcome.patched)
     if outcome.patch:
@@ -113,9 +118,15 @@ def _case_object(path: Path, index: int, case: Mapping[str, Any]) -> Mapping[str
         return cast(Mapping[str, Any], case["object"])
     if case.get("file"):
         target = path.parent / str(case["file"])
-        manifests = read_manifests(str(target), target.read_text(encoding="utf-8"))
+        try:
+            text = target.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as err:
+            raise TestFileError(f"{path}: case {index}: file {target} cannot be read ({err}); `file` is relative "
+                                "to the test file") from None
+        manifests = read_manifests(str(target), text)
         if manifests:
             return manifests[0].obj
+        raise TestFileError(f"{path}: case {index}: file {target} holds no Kubernetes object")
     raise TestFileError(f"{path}: case {index}: give the manifest as `object` or `file`")
 
 

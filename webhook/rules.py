@@ -20,7 +20,7 @@ import hashlib
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from functools import cache
+from functools import cache, cached_property
 from importlib.resources import files
 from typing import Any, cast
 
@@ -28,6 +28,7 @@ import jsonschema
 import yaml
 
 from webhook.findings import Enforcement
+from webhook.manifests_io import yaml_documents
 from webhook.pods import render_path
 
 API_VERSION = "gpu-webhook.io/v1alpha1"
@@ -155,9 +156,10 @@ class Policy:
                 self._resource_cache[name] = found
             return found
 
-    @property
+    @cached_property
     def gpu_taint_keys(self) -> frozenset[str]:
-        """Taint keys that mark GPU nodes: the common tolerations' keys and the exact GPU resource names."""
+        """Taint keys that mark GPU nodes: the common tolerations' keys and the exact GPU resource names
+        (computed once per Policy: every Pod without GPUs is checked against them)."""
         keys = {str(t.get("key")) for t in self.common.tolerations if t.get("key")}
         keys.update(r.pattern for r in self.resources if "*" not in r.pattern)
         return frozenset(keys)
@@ -209,15 +211,14 @@ def parse_sources(sources: Sequence[tuple[str, str]]) -> Policy:
 
 def _read_file(name: str, text: str) -> list[_Doc]:
     try:
-        nodes = list(yaml.compose_all(text, Loader=yaml.SafeLoader))
-        bodies = list(yaml.safe_load_all(text))
+        documents = list(yaml_documents(text))
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         line = f" line {mark.line + 1}" if mark is not None else ""
         problem = getattr(err, "problem", None) or str(err)
         raise RuleError(f"{name}:{line}: not valid YAML: {problem}; fix the syntax (safe YAML only, no tags)") from None
     docs = []
-    for index, (node, body) in enumerate(zip(nodes, bodies, strict=True), start=1):
+    for index, (node, body) in enumerate(documents, start=1):
         if body is None:
             continue
         meta = body.get("metadata") if isinstance(body, dict) else None
@@ -286,9 +287,6 @@ def _line_of(node: yaml.Node | None, path: Sequence[str | int]) -> int | None:
         child: yaml.Node | None = None
         if isinstance(node, yaml.MappingNode):
             child = next((v for k, v in node.value if getattr(k, "value", None) == str(step)), None)
-            if child is None:
-                key = next((k for k, _ in node.value if getattr(k, "value", None) == str(step)), None)
-                child = key
         elif isinstance(node, yaml.SequenceNode) and isinstance(step, int) and step < len(node.value):
             child = node.value[step]
         if child is None:

@@ -22,6 +22,11 @@ class SettingsError(ValueError):
     """An environment variable or option with an unusable value; str() names it."""
 
 
+# The smallest usable value of each numeric setting, checked however the value arrived (environment or option).
+MINIMUMS: dict[str, int] = {"port": 0, "metrics_port": 0, "workers": 1, "threads": 1, "max_body_bytes": 1024,
+                            "rules_poll_seconds": 0}
+
+
 @dataclass(frozen=True)
 class Settings:
     """Everything the server needs to know, with the production defaults."""
@@ -41,6 +46,13 @@ class Settings:
     graceful_timeout_seconds: int = 20
     rules_poll_seconds: float = 2.0  # 0: no hot reload
     cluster: bool = False  # watch nodes, namespaces, runtime classes for the inventory checks
+
+    def __post_init__(self) -> None:
+        for name, minimum in MINIMUMS.items():
+            value = getattr(self, name)
+            if value < minimum:
+                raise SettingsError(f"--{name.replace('_', '-')}={value!r} ({ENV_PREFIX}{name.upper()}): must be "
+                                    f"at least {minimum}")
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -95,12 +107,12 @@ class Settings:
             tls_dir=path("TLS_DIR"),
             client_ca=path("CLIENT_CA"),
             host=text("HOST") or defaults.host,
-            port=integer("PORT", defaults.port, 0),
+            port=integer("PORT", defaults.port, MINIMUMS["port"]),
             metrics_host=text("METRICS_HOST") or defaults.metrics_host,
-            metrics_port=integer("METRICS_PORT", defaults.metrics_port, 0),
-            workers=integer("WORKERS", defaults.workers, 1),
-            threads=integer("THREADS", defaults.threads, 1),
-            max_body_bytes=integer("MAX_BODY_BYTES", defaults.max_body_bytes, 1024),
+            metrics_port=integer("METRICS_PORT", defaults.metrics_port, MINIMUMS["metrics_port"]),
+            workers=integer("WORKERS", defaults.workers, MINIMUMS["workers"]),
+            threads=integer("THREADS", defaults.threads, MINIMUMS["threads"]),
+            max_body_bytes=integer("MAX_BODY_BYTES", defaults.max_body_bytes, MINIMUMS["max_body_bytes"]),
             log_level=log_level(text("LOG_LEVEL") or defaults.log_level),
             rules_poll_seconds=number("RULES_POLL_SECONDS", defaults.rules_poll_seconds),
             cluster=boolean("CLUSTER", defaults.cluster),

@@ -35,6 +35,9 @@ CERT_FILE = "tls.crt"
 KEY_FILE = "tls.key"
 DATA_LINK = "..data"
 
+# Memory-backed scratch space when the container has it (private key files, metrics, gunicorn heartbeats).
+SHM_DIR = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
+
 FileId = tuple[int, int, int] | None
 Signature = tuple[str, FileId, FileId, FileId]
 
@@ -48,13 +51,13 @@ class Loaded:
     """A context built from one certificate/key pair, and what was learnt from that pair."""
 
     context: ssl.SSLContext
-    source: Path
     not_after: dt.datetime
     serial: int
 
 
 def source_dir(tls_dir: Path) -> Path:
-    """The directory to read the pair from: the resolved `..data` target when present, else `tls_dir`."""
+    """The directory to read from: the resolved `..data` target of a kubelet-projected volume (Secret or
+    ConfigMap) when present, else `tls_dir` itself."""
     data = tls_dir / DATA_LINK
     if os.path.lexists(data):
         return Path(os.path.realpath(data))
@@ -76,8 +79,7 @@ def build_context(cert_pem: bytes, key_pem: bytes, client_ca: Path | None) -> ss
     context.options |= ssl.OP_NO_COMPRESSION | ssl.OP_CIPHER_SERVER_PREFERENCE
     context.set_alpn_protocols(["http/1.1"])
     # load_cert_chain reads files only: hand it exactly the bytes that were checked, in a private file.
-    tmp_dir = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
-    fd, name = tempfile.mkstemp(prefix="gpu-webhook-tls-", suffix=".pem", dir=tmp_dir)
+    fd, name = tempfile.mkstemp(prefix="gpu-webhook-tls-", suffix=".pem", dir=SHM_DIR)
     try:
         with os.fdopen(fd, "wb") as handle:
             handle.write(cert_pem.rstrip(b"\n") + b"\n" + key_pem)
@@ -108,6 +110,7 @@ class ServingTls:
         self._loaded: Loaded | None = None
         self._signature: Signature | None = None  # of the last attempt, good or bad
         self.failures = 0
+        self.last_error: str | None = None  # why the last load failed (None after a good one)
 
     def signature(self) -> Signature:
         """Where the pair is now and the identity of each file: a change means a reload."""
@@ -119,7 +122,9 @@ class ServingTls:
         """The context for a new handshake; reloads after a rotation; raises TlsError if never loaded."""
         loaded = self.refresh()
         if loaded is None:
-            raise TlsError(f"no usable {CERT_FILE}/{KEY_FILE} in {self.tls_dir}")
+            raise TlsError(f"no usable {CERT_FILE}/{KEY_FILE} in {self.tls_dir}: {self.last_error}; write a "
+                           f"matching PEM pair there (cert-manager's Secret layout), or create one with "
+                           f"`gpu-webhook certs`")
         return loaded.context
 
     @property
@@ -148,11 +153,11 @@ class ServingTls:
 
     def _failed(self, src: Path, error: str) -> None:
         self.failures += 1
-        keeping = f"; still serving serial {self._loaded.serial:x}" if self._loaded else ""
-        log.error(
-            "unusable TLS material, keeping the last good pair",
-            extra={"event": "tls-load-failed", "dir": str(src), "error": error, "keeping": keeping},
-        )
+        self.last_error = error
+        message = ("unusable TLS material, keeping the last good pair" if self._loaded
+                   else "unusable TLS material and no earlier pair to serve: fix tls.crt/tls.key")
+        log.error(message, extra={"event": "tls-load-failed", "dir": str(src), "error": error,
+                                  "keeping_serial": f"{self._loaded.serial:x}" if self._loaded else None})
         if self.on_failure is not None:
             self.on_failure(error)
 
@@ -165,8 +170,9 @@ class ServingTls:
             context = build_context(cert_pem, key_pem, self.client_ca)
         except (OSError, ValueError, ssl.SSLError) as exc:
             return str(exc)
-        loaded = Loaded(context, src, pair.cert.not_valid_after_utc, pair.cert.serial_number)
+        loaded = Loaded(context, pair.cert.not_valid_after_utc, pair.cert.serial_number)
         previous, self._loaded = self._loaded, loaded
+        self.last_error = None
         log.info(
             "serving certificate loaded",
             extra={
