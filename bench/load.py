@@ -12,9 +12,15 @@ Clients keep their TLS connections alive, as kube-apiserver does; each request c
    per request (their worker processes' utime + stime) and the ratios (target: webhook >= 0.80 x floor).
 2. Open loop: a fixed rate (500 reviews/s by default) scheduled in advance; latency is measured from each
    request's scheduled time (a stall is not hidden by sending less): p50/p99/p99.9 (target p99 < 5 ms).
+3. With --quiet-webhook, a second webhook at log level WARNING (no line per review) takes part in the same
+   alternating rounds: what the INFO review line costs, measured in one run.
+4. With --inside, the servers run under `bench/probe.py`, and the closed loop also prints the thread CPU time
+   per request of their stages inside the workers (gthread's handling, the WSGI call, the webhook's answer()).
 
     python bench/load.py                      # defaults: realistic GPU Pod review, 2 workers x 4 threads
     python bench/load.py --duration 10 --rate 500 --rounds 5
+    python bench/load.py --inside             # and where each server's CPU goes, stage by stage
+    python bench/load.py --quiet-webhook      # and the webhook without its INFO line per review, same rounds
 """
 
 from __future__ import annotations
@@ -45,7 +51,8 @@ sys.path.insert(0, str(REPO))
 DEFAULT_REVIEW = REPO / "tests" / "data" / "admission-reviews" / "pod-create-from-replicaset-gpu.json"
 UID_PLACEHOLDER = "00000000-0000-0000-0000-000000000000"
 NAMES = ("bare", "floor", "webhook")
-LABELS = {"bare": "bare WSGI floor", "floor": "Flask floor", "webhook": "webhook"}
+QUIET = "webhook-quiet"  # with --quiet-webhook: the webhook at log level WARNING (no line per review)
+LABELS = {"bare": "bare WSGI floor", "floor": "Flask floor", "webhook": "webhook", QUIET: "webhook, WARNING"}
 FLOOR_BODY = json.dumps({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
                          "response": {"uid": UID_PLACEHOLDER, "allowed": True}}).encode()
 
@@ -269,6 +276,21 @@ def workers_cpu_seconds(master: int) -> float | None:
     return total / os.sysconf("SC_CLK_TCK")
 
 
+def inside(before: dict[str, tuple[int, float]], after: dict[str, tuple[int, float]]) -> str:
+    """`request handling 400 µs > WSGI call and response 300 µs > answer() 100 µs; garbage collector 3.0 µs`:
+    per request handled, from two `probe.totals` readings."""
+    labels = {"handle": "request handling", "handle_request": "WSGI call and response", "answer": "answer()"}
+    requests = after.get("handle", (0, 0.0))[0] - before.get("handle", (0, 0.0))[0]
+    if requests <= 0:
+        return "no samples"
+
+    def per_request(key: str) -> float:
+        return (after.get(key, (0, 0.0))[1] - before.get(key, (0, 0.0))[1]) / requests * 1e6
+
+    parts = [f"{label} {per_request(key):4.0f} µs" for key, label in labels.items() if key in after]
+    return " > ".join(parts) + f"; garbage collector {per_request('gc'):.1f} µs"
+
+
 def percentile(sorted_values: list[float], q: float) -> float:
     index = min(len(sorted_values) - 1, max(0, math.ceil(q / 100 * len(sorted_values)) - 1))
     return sorted_values[index]
@@ -346,6 +368,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rate", type=positive, default=500.0, help="open-loop reviews per second (> 0)")
     parser.add_argument("--open-connections", type=int, default=8, help="open-loop connections")
     parser.add_argument("--log-level", default="INFO", help="webhook log level (INFO: one line per review)")
+    parser.add_argument("--quiet-webhook", action="store_true",
+                        help="also run the webhook at log level WARNING in the same rounds")
+    parser.add_argument("--inside", action="store_true",
+                        help="also measure thread CPU per request inside the workers, by stage (bench/probe.py)")
     parser.add_argument("--serve-floor", choices=("flask", "wsgi"), help=argparse.SUPPRESS)
     parser.add_argument("--tls-dir", help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
@@ -362,17 +388,27 @@ def main(argv: list[str] | None = None) -> int:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("GPU_WEBHOOK_", "PROMETHEUS_"))}
     env["PYTHONPATH"] = str(REPO)
     common = ["--workers", str(args.workers), "--threads", str(args.threads)]
-    ports = {name: free_port() for name in NAMES}
-    servers = {
-        "webhook": spawn(
-            [sys.executable, "-m", "webhook.cli_server", "serve", "--tls-dir", str(work / "tls"),
-             "--host", "127.0.0.1", "--port", str(ports["webhook"]), "--metrics-host", "127.0.0.1",
-             "--metrics-port", str(free_port()), "--log-level", args.log_level, *common],
-            work / "webhook.log", env),
-    }
+    names = (*NAMES, QUIET) if args.quiet_webhook else NAMES
+    ports = {name: free_port() for name in names}
+    probe_dirs = {name: work / f"probe-{name}" for name in names}
+
+    def python(name: str, target: str) -> list[str]:
+        """The command line start of server `name`: `target` is a module name or a script path."""
+        if args.inside:
+            return [sys.executable, str(REPO / "bench" / "probe.py"), str(probe_dirs[name]), target]
+        return [sys.executable, target] if target.endswith(".py") else [sys.executable, "-m", target]
+
+    webhooks = [("webhook", args.log_level), *([(QUIET, "WARNING")] if args.quiet_webhook else [])]
+    servers = {}
+    for name, level in webhooks:
+        servers[name] = spawn(
+            [*python(name, "webhook.cli_server"), "serve", "--tls-dir", str(work / "tls"),
+             "--host", "127.0.0.1", "--port", str(ports[name]), "--metrics-host", "127.0.0.1",
+             "--metrics-port", str(free_port()), "--log-level", level, *common],
+            work / f"{name}.log", env)
     for name, kind in (("floor", "flask"), ("bare", "wsgi")):
         servers[name] = spawn(
-            [sys.executable, str(Path(__file__).resolve()), "--serve-floor", kind, "--tls-dir", str(work / "tls"),
+            [*python(name, str(Path(__file__).resolve())), "--serve-floor", kind, "--tls-dir", str(work / "tls"),
              "--port", str(ports[name]), "--metrics-port", str(free_port()), *common],
             work / f"{name}.log", env)
     try:
@@ -388,11 +424,16 @@ def main(argv: list[str] | None = None) -> int:
         print("floors: 'Flask floor' = Flask app answering a constant allow (the webhook's stack);"
               " 'bare WSGI floor' = no framework")
 
-        rps: dict[str, list[float]] = {name: [] for name in NAMES}
-        cpu: dict[str, list[float]] = {name: [] for name in NAMES}  # server CPU seconds per request
+        if args.inside:
+            from probe import totals
+
+            time.sleep(1)  # the probes write twice a second
+            inside_before = {name: totals(probe_dirs[name]) for name in names}
+        rps: dict[str, list[float]] = {name: [] for name in names}
+        cpu: dict[str, list[float]] = {name: [] for name in names}  # server CPU seconds per request
         for _ in range(args.rounds):
-            for name in NAMES:
-                path = args.path if name == "webhook" else "/"
+            for name in names:
+                path = args.path if name.startswith("webhook") else "/"
                 before = workers_cpu_seconds(servers[name].pid)
                 rate = closed_loop(ports[name], cafile, template, path, args.processes, args.connections,
                                    args.duration)
@@ -403,19 +444,27 @@ def main(argv: list[str] | None = None) -> int:
         conns = args.processes * args.connections
         print(f"\nclosed loop, {conns} keep-alive connections, {args.rounds} alternating rounds x "
               f"{args.duration:g} s each (median of rounds):")
-        for name in NAMES:
+        for name in names:
             rounds = ", ".join(f"{r:.0f}" for r in rps[name])
             per_request = f"{statistics.median(cpu[name]) * 1e6:5.0f} µs" if cpu[name] else "  n/a"
             print(f"  {LABELS[name]:<16} {median[name]:8.0f} req/s   server CPU {per_request} per request   "
                   f"(rounds: {rounds})")
         print(f"  ratio webhook / Flask floor     = {median['webhook'] / median['floor']:.2f}   (target >= 0.80)")
         print(f"  ratio webhook / bare WSGI floor = {median['webhook'] / median['bare']:.2f}")
+        if QUIET in median:
+            print(f"  ratio webhook at WARNING / Flask floor = {median[QUIET] / median['floor']:.2f}   (the INFO line "
+                  f"per review costs {(median[QUIET] - median['webhook']) / median['floor']:.2f} of the floor)")
+        if args.inside:
+            time.sleep(1)
+            print("\ninside the workers, thread CPU per request over all closed-loop rounds (bench/probe.py):")
+            for name in names:
+                print(f"  {LABELS[name]:<16} {inside(inside_before[name], totals(probe_dirs[name]))}")
 
         print(f"\nopen loop, {args.rate:g} reviews/s for {args.duration:g} s over {args.open_connections} "
               f"connections (latency from the scheduled send time):")
         p99 = {}
-        for name in NAMES:
-            path = args.path if name == "webhook" else "/"
+        for name in names:
+            path = args.path if name.startswith("webhook") else "/"
             lat = open_loop(ports[name], cafile, template, path, args.rate, args.duration, args.open_connections)
             p99[name] = percentile(lat, 99) * 1000
             print(f"  {LABELS[name]:<16} n={len(lat)}  p50 {percentile(lat, 50) * 1000:.2f} ms  "

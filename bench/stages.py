@@ -4,10 +4,12 @@
     python bench/stages.py --review FILE.json   # another AdmissionReview body
 
 Timings on a shared machine move with its load; instruction counts do not. To count instructions of one
-stage deterministically, run it alone under valgrind twice (with and without the loop) and subtract:
+stage deterministically, run it alone under valgrind twice (with and without the loop) and subtract (the
+interpreter itself, not a wrapper script such as pyenv's shim, which valgrind would count instead):
 
     valgrind --tool=cachegrind --cache-sim=no --cachegrind-out-file=/dev/null \\
-        python bench/stages.py --only answer --count 2000      # and again with --count 0
+        "$(python -c 'import sys; print(sys.executable)')" bench/stages.py --only answer --count 2000
+                                                               # and again with --count 0
 
 Stages are the server's own calls, on the server's own objects (`create_app` with the packaged rules,
 INFO logging to /dev/null, metrics in multiprocess mode as under gunicorn); `answer` is all of them together.

@@ -21,7 +21,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -138,6 +138,16 @@ def peer_serial(sock: ssl.SSLSocket) -> int:
 
 
 # --- real server processes -----------------------------------------------------------------------
+
+
+def wait_until(condition: Callable[[], bool], timeout: float = 10) -> bool:
+    """Poll `condition` until it holds (True) or `timeout` seconds pass (False)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.05)
+    return False
 
 
 def free_port() -> int:

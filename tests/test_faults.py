@@ -39,6 +39,7 @@ from admission_support import (
     review,
     rules_files,
     start_server,
+    wait_until,
     with_uid,
 )
 
@@ -223,15 +224,6 @@ def fresh_answer(server: Server, trust: ssl.SSLContext) -> tuple[int, str]:
         return peer_serial(conn.sock), gpu_type_of(answer)
     finally:
         conn.close()
-
-
-def wait_until(condition: Callable[[], bool], timeout: float = 10) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.05)
-    return False
 
 
 def rotation_and_edits(tmp_path: Path, cycles: int) -> tuple[LoadResult, dict[str, int]]:

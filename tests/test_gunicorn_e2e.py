@@ -35,8 +35,11 @@ from admission_support import (
     post,
     rules_files,
     start_server,
+    wait_until,
     with_uid,
 )
+
+from webhook.metrics import FLUSH_SECONDS
 
 
 @pytest.fixture(scope="module")
@@ -89,6 +92,7 @@ def test_concurrent_clients_get_their_own_uids_and_metrics_add_up(
         dev_server: tuple[Server, ssl.SSLContext, Path]) -> None:
     server, context, _ = dev_server
     labels = {"endpoint": "mutate", "kind": "Pod", "decision": "patch"}
+    time.sleep(FLUSH_SECONDS * 1.5)  # the reviews of earlier tests are written: workers tally for FLUSH_SECONDS
     before = server.metric("gpu_webhook_reviews_total", labels)
     clients, per_client = 8, 25
 
@@ -110,8 +114,11 @@ def test_concurrent_clients_get_their_own_uids_and_metrics_add_up(
     assert len(results) == clients * per_client
     assert all(sent == got for sent, got in results)
     assert len({uid for uid, _ in results}) == len(results)
-    # samples from both workers, summed by the master's plain-HTTP endpoint
-    assert server.metric("gpu_webhook_reviews_total", labels) - before == clients * per_client
+    # samples from both workers, summed by the master's plain-HTTP endpoint, within FLUSH_SECONDS
+    assert wait_until(lambda: server.metric("gpu_webhook_reviews_total", labels) - before == clients * per_client,
+                    timeout=FLUSH_SECONDS * 5)
+    time.sleep(FLUSH_SECONDS * 1.5)
+    assert server.metric("gpu_webhook_reviews_total", labels) - before == clients * per_client  # and no more
     assert server.metric("gpu_webhook_tls_cert_not_after_timestamp_seconds") > time.time()
     assert server.metric("gpu_webhook_review_duration_seconds_bucket", {"endpoint": "mutate", "le": "0.005"}) > 0
 
@@ -377,23 +384,14 @@ def test_rules_hot_reload_refuses_an_invalid_edit(tmp_path: Path) -> None:
         [selector] = [op["value"] for op in patch if op["path"] == "/spec/nodeSelector"]
         return str(selector["gpu-type"])
 
-    def wait_for(condition: object, timeout: float = 10) -> bool:
-        assert callable(condition)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if condition():
-                return True
-            time.sleep(0.1)
-        return False
-
     try:
         assert gpu_type() == "t4"
         kubelet_write(rules, rules_files("invalid"))
-        assert wait_for(lambda: server.metric("gpu_webhook_rules_reload_failures_total") >= 2)
+        assert wait_until(lambda: server.metric("gpu_webhook_rules_reload_failures_total") >= 2)
         assert all(gpu_type() == "t4" for _ in range(6))  # both workers keep the last good rules
         assert "rules-reload-failed" in server.log() and "maxGPUsPerPod" in server.log()
         kubelet_write(rules, rules_files("a100-default"))
-        assert wait_for(lambda: all(gpu_type() == "a100" for _ in range(6)))
+        assert wait_until(lambda: all(gpu_type() == "a100" for _ in range(6)))
     finally:
         server.stop()
 

@@ -24,7 +24,7 @@ from webhook import logs
 from webhook.engine import Context, evaluate
 from webhook.findings import Mode, Verdict
 from webhook.inventory import Snapshot
-from webhook.metrics import Metrics
+from webhook.metrics import FLUSH_SECONDS, Metrics, multiprocess_enabled
 from webhook.patch import operations
 from webhook.pods import KNOWN_KINDS
 from webhook.policy_store import PolicyStore
@@ -149,7 +149,8 @@ def create_app(
     worker, after the fork (threads do not survive one). Its credentials come from the pod's service account
     or, outside a cluster, from kubectl's kubeconfig.
     """
-    metrics = Metrics(registry if registry is not None else CollectorRegistry())
+    metrics = Metrics(registry if registry is not None else CollectorRegistry(),
+                      flush_seconds=FLUSH_SECONDS if multiprocess_enabled() else None)
     store = store if store is not None else PolicyStore(settings.rules_dir)
     store.metrics = metrics
     metrics.rules_changed(None, store.policy.digest)

@@ -11,8 +11,9 @@
 * SIGTERM: the master stops the workers gracefully; in-flight reviews complete within `graceful_timeout`.
 * Errors gunicorn answers itself (a malformed request line or header, a header section too large) get a
   JSON metav1.Status like every other error of this server, not gunicorn's HTML page: `JsonErrorWorker`.
-* Prometheus multiprocess mode: workers write samples to a private directory; the master serves their sum as
-  plain HTTP from `when_ready`, and drops a dead worker's live gauges in `child_exit`.
+* Prometheus multiprocess mode: workers write samples to a private directory (review counts once a second,
+  and in `worker_exit`); the master serves their sum as plain HTTP from `when_ready`, and drops a dead
+  worker's live gauges in `child_exit`.
 """
 
 from __future__ import annotations
@@ -58,6 +59,7 @@ def options(settings: Settings, tls: ServingTls, metrics_dir: Path) -> dict[str,
 
     def worker_exit(arbiter: Any, worker: Any) -> None:
         logs.flush()  # the review lines still held in this worker's batch
+        metrics.flush()  # the review counts tallied since the last write
 
     def child_exit(arbiter: Any, worker: Any) -> None:
         metrics.worker_exited(worker.pid, metrics_dir)

@@ -4,11 +4,23 @@ Under gunicorn the workers write their samples to a shared directory (prometheus
 mode) and the master serves the aggregate as plain HTTP on a separate port (9090, `/metrics`), the usual
 place Prometheus scrapes, apart from the TLS port the API server calls. Tests build `Metrics` on their own
 registry and read it back directly.
+
+In multiprocess mode every sample written is a locked write to a memory-mapped file after a `getpid()`
+system call (prometheus_client checks for a fork each time): three or more per review, 5 % of the
+instructions of answering one (docs/performance.md, section 9). So there the per-review instruments
+(`Metrics.review`) are tallied in the process and written in one batch every `FLUSH_SECONDS` by a background
+thread, and at worker exit (`flush`): /metrics shows a review at most that long after it was answered; a
+worker killed outright (SIGKILL, OOM) loses at most that long of counts. Everything else is written at once.
 """
 
 from __future__ import annotations
 
+import atexit
+import bisect
 import os
+import threading
+import time
+import weakref
 from collections.abc import Iterable
 from pathlib import Path
 from threading import Thread
@@ -21,13 +33,37 @@ from prometheus_client import values as prometheus_values
 PREFIX = "gpu_webhook"
 LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.003, 0.004, 0.005, 0.0075, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
+FLUSH_SECONDS = 1.0
+_UPPER_BOUNDS = (*LATENCY_BUCKETS, float("inf"))  # as prometheus_client completes them
+
+_batching: weakref.WeakSet[Metrics] = weakref.WeakSet()  # the instances `flush()` writes out
+
+
+class _Tally:
+    """Per-review samples not yet written: counts by (endpoint, kind, decision) and (endpoint, rule, effect),
+    and per endpoint the latency histogram's per-bucket counts and sum."""
+
+    def __init__(self) -> None:
+        self.reviews: dict[tuple[str, str, str], int] = {}
+        self.findings: dict[tuple[str, str, str], int] = {}
+        self.latency: dict[str, tuple[list[int], list[float]]] = {}
 
 
 class Metrics:
-    """The instruments, registered on one registry."""
+    """The instruments, registered on one registry.
 
-    def __init__(self, registry: CollectorRegistry) -> None:
+    `flush_seconds`: tally `review()` in the process and write it that often (multiprocess mode, see the
+    module doc); None writes every review at once.
+    """
+
+    def __init__(self, registry: CollectorRegistry, flush_seconds: float | None = None) -> None:
         self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
+        self._flush_seconds = flush_seconds
+        self._lock = threading.Lock()
+        self._tally = _Tally()
+        self._flusher: Thread | None = None
+        if flush_seconds is not None:
+            _batching.add(self)
         self.reviews = Counter(
             f"{PREFIX}_reviews",
             "AdmissionReviews answered, by endpoint, object kind and decision (allow, patch, deny).",
@@ -96,10 +132,42 @@ class Metrics:
 
     def review(self, endpoint: str, kind: str, decision: str, findings: Iterable[tuple[str, str]],
                seconds: float) -> None:
-        self._child(self.reviews, endpoint, kind, decision).inc()
-        for rule, effect in findings:
-            self._child(self.rule_findings, endpoint, rule, effect).inc()
-        self._child(self.latency, endpoint).observe(seconds)
+        """One answered review: its decision, the rules that fired (rule, effect), and its latency."""
+        with self._lock:
+            tally = self._tally
+            key = (endpoint, kind, decision)
+            tally.reviews[key] = tally.reviews.get(key, 0) + 1
+            for rule, effect in findings:
+                key = (endpoint, rule, effect)
+                tally.findings[key] = tally.findings.get(key, 0) + 1
+            histogram = tally.latency.get(endpoint)
+            if histogram is None:
+                histogram = tally.latency[endpoint] = ([0] * len(_UPPER_BOUNDS), [0.0])
+            histogram[0][bisect.bisect_left(_UPPER_BOUNDS, seconds)] += 1  # the first bucket with seconds <= le
+            histogram[1][0] += seconds
+            if self._flush_seconds is not None:
+                if self._flusher is None:  # started on first use: in the worker, after gunicorn's fork
+                    self._flusher = Thread(target=self._flush_periodically, name="metrics-flusher", daemon=True)
+                    self._flusher.start()
+                return
+        self.flush()
+
+    def flush(self) -> None:
+        """Write the tallied reviews to the instruments."""
+        with self._lock:
+            tally, self._tally = self._tally, _Tally()
+        for (endpoint, kind, decision), count in tally.reviews.items():
+            self._child(self.reviews, endpoint, kind, decision).inc(count)
+        for (endpoint, rule, effect), count in tally.findings.items():
+            self._child(self.rule_findings, endpoint, rule, effect).inc(count)
+        for endpoint, (counts, total) in tally.latency.items():
+            _observe_many(self._child(self.latency, endpoint), counts, total[0])
+
+    def _flush_periodically(self) -> None:
+        assert self._flush_seconds is not None
+        while True:
+            time.sleep(self._flush_seconds)
+            self.flush()
 
     def _child(self, metric: Any, *labels: str) -> Any:
         """`metric.labels(*labels)`, remembered: the lookup is on every review's path."""
@@ -108,6 +176,33 @@ class Metrics:
         if child is None:
             child = self._children[key] = metric.labels(*labels)
         return child
+
+
+def _observe_many(child: Any, counts: list[int], total: float) -> None:
+    """What `child.observe(v)` for each tallied `v` writes: the sum, then each bucket's count.
+
+    prometheus_client has no public call for many observations at once; this writes the values its
+    `Histogram.observe` writes (`_sum`, and `_buckets[i]`, not cumulative), which tests/test_metrics.py
+    compares with `observe` itself, sample by sample, on the version installed.
+    """
+    child._sum.inc(total)
+    for bucket, count in zip(child._buckets, counts, strict=True):
+        if count:
+            bucket.inc(count)
+
+
+def flush() -> None:
+    """Write what every batching `Metrics` holds (gunicorn's worker_exit hook, and at exit)."""
+    for instance in list(_batching):
+        instance.flush()
+
+
+atexit.register(flush)
+
+
+def multiprocess_enabled() -> bool:
+    """Whether instruments write to a multiprocess directory (see `enable_multiprocess`)."""
+    return MULTIPROC_ENV in os.environ
 
 
 def enable_multiprocess(directory: Path) -> None:
