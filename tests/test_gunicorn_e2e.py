@@ -1,7 +1,8 @@
 """End to end: real `gpu-webhook serve` processes (gunicorn gthread master + workers) over real TLS.
 
 Keep-alive reuse, certificate rotation in the kubelet's layout while clients connect, graceful SIGTERM with
-a review in flight, concurrent clients with distinct uids, metrics summed across workers, rules hot reload
+a review in flight, concurrent clients with distinct uids, metrics summed across workers (and written by a
+worker as it exits), rules hot reload
 with an invalid edit refused, and `serve` with no arguments (packaged rules, development certificates).
 """
 
@@ -321,6 +322,37 @@ def test_sigterm_drains_in_flight_reviews(tmp_path: Path) -> None:
         # The review's log line was held in the worker's batch and written as the worker exited.
         lines = [json.loads(line) for line in server.log().splitlines() if line.startswith("{")]
         assert [line["decision"] for line in lines if line.get("uid") == document["request"]["uid"]] == ["patch"]
+    finally:
+        server.stop()
+
+
+def worker_pids(server: Server) -> set[int]:
+    pid = server.proc.pid
+    return {int(child) for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()}
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="reads gunicorn's workers from Linux /proc")
+def test_review_counts_are_written_when_a_worker_exits(tmp_path: Path) -> None:
+    """Workers tally review counts for FLUSH_SECONDS; a worker that exits (SIGHUP restarts them all) writes what
+    it holds first, so the master's /metrics loses none of them. The reviews and the restart come within a
+    fraction of FLUSH_SECONDS, so the periodic write has usually not run."""
+    pki = Pki()
+    kubelet_write(tmp_path / "tls", pki.secret())
+    trust = client_context(pki.ca)
+    server = start_server(tmp_path, "--tls-dir", str(tmp_path / "tls"), trust=trust)
+    labels = {"endpoint": "mutate", "kind": "Pod", "decision": "patch"}
+    try:
+        old = worker_pids(server)
+        conn = server.connection(trust)
+        try:
+            for _ in range(20):
+                assert post(conn, "/mutate", with_uid(GPU_REVIEW))[0] == 200
+        finally:
+            conn.close()
+        server.proc.send_signal(signal.SIGHUP)
+        assert wait_until(lambda: not old & worker_pids(server) and len(worker_pids(server)) == 2)
+        assert server.metric("gpu_webhook_reviews_total", labels) == 20
+        assert server.metric("gpu_webhook_review_duration_seconds_count", {"endpoint": "mutate"}) == 20
     finally:
         server.stop()
 
