@@ -2,8 +2,8 @@
 
 Keep-alive reuse, certificate rotation in the kubelet's layout while clients connect, graceful SIGTERM with
 a review in flight, concurrent clients with distinct uids, metrics summed across workers (and written by a
-worker as it exits), rules hot reload
-with an invalid edit refused, and `serve` with no arguments (packaged rules, development certificates).
+worker as it exits), rules hot reload with an invalid edit refused, and `serve` with no arguments (packaged
+rules, development certificates).
 """
 
 from __future__ import annotations
