@@ -450,6 +450,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  {LABELS[name]:<16} {median[name]:8.0f} req/s   server CPU {per_request} per request   "
                   f"(rounds: {rounds})")
         print(f"  ratio webhook / Flask floor     = {median['webhook'] / median['floor']:.2f}   (target >= 0.80)")
+        paired = statistics.median(w / f for w, f in zip(rps["webhook"], rps["floor"], strict=True))
+        print(f"  the same, median of each round's ratio = {paired:.2f}   (the two run seconds apart: "
+              "less moved by the host's drift)")
         print(f"  ratio webhook / bare WSGI floor = {median['webhook'] / median['bare']:.2f}")
         if QUIET in median:
             print(f"  ratio webhook at WARNING / Flask floor = {median[QUIET] / median['floor']:.2f}   (the INFO line "
