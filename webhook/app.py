@@ -66,8 +66,9 @@ class AdmissionServer:
                                                            "code": exc.code, "error": str(exc)})
             return exc.code, error_status(exc.code, str(exc))
         policy = self.store.policy
-        verdict = Verdict()
-        if not req.sub_resource:  # status, binding, ephemeralcontainers...: never ours to judge
+        if req.sub_resource:  # status, binding, ephemeralcontainers...: never ours to judge
+            verdict = _UNJUDGED
+        else:
             snapshot = self.inventory.snapshot() if self.inventory is not None else None  # never blocks
             if snapshot is not None and snapshot.synced is not self._synced:  # a gauge write only on a change
                 self._synced = snapshot.synced
@@ -94,17 +95,19 @@ class AdmissionServer:
             audit["rules"] = ",".join(dict.fromkeys(verdict.rules))
         return Decision(
             allowed=verdict.allowed,
-            message=verdict.message(),
+            message=verdict.message() if verdict.violations else "",
             patch=patch,
-            warnings=[w.render() for w in verdict.warnings],
+            warnings=[w.render() for w in verdict.warnings] if verdict.warnings else (),
             audit_annotations=audit,
         )
 
     def _record(self, mode: Mode, req: AdmissionRequest, verdict: Verdict, outcome: str,
                 seconds: float) -> None:
         kind = req.kind.kind if req.kind.kind in KNOWN_KINDS else "other"  # a bounded label set
-        findings = [(f.rule, "deny") for f in verdict.violations]
-        findings += [(f.rule, "warn") for f in verdict.warnings]
+        findings: list[tuple[str, str]] = []
+        if verdict.violations or verdict.warnings:
+            findings = [(f.rule, "deny") for f in verdict.violations]
+            findings += [(f.rule, "warn") for f in verdict.warnings]
         self.metrics.review(mode, kind, outcome, findings, seconds)
         if log.isEnabledFor(logging.INFO):
             logs.info_line(log, "review", {
@@ -129,6 +132,9 @@ class AdmissionServer:
             checks["tls"] = {"ok": ready, "dir": str(self.tls.tls_dir),
                              "not_after": loaded.not_after.isoformat() if loaded else None}
         return ready, checks
+
+
+_UNJUDGED = Verdict()
 
 
 def _json(status: int, document: Mapping[str, Any]) -> Response:

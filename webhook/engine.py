@@ -107,6 +107,8 @@ def evaluate(policy: Policy, obj: Mapping[str, Any] | None, ctx: Context) -> Ver
         if result is not None:
             gpu_class = result[0] or gpu_class
             total += result[1]
+    if not collector.findings:  # the usual case: nothing to sort
+        return Verdict(edits=tuple(collector.edits), gpu_class=gpu_class, gpus=total)
     violations = tuple(f for f in collector.findings if f.enforcement == "deny")
     warnings = tuple(f for f in collector.findings if f.enforcement == "warn")
     edits = () if violations else tuple(collector.edits)
@@ -154,7 +156,7 @@ def _evaluate_spec(policy: Policy, obj: Mapping[str, Any], ref: PodSpecRef, name
         keep_runtime = _check_inventory(policy, ref, chosen, edits, per_resource, ctx.inventory, ctx.mode, out)
     if ctx.mode == "mutate":
         if (not ref.is_template or policy.mutate_templates) and obj.get("kind") in pods.KNOWN_KINDS:
-            out.edits.extend(e for e in edits if keep_runtime or not _is_runtime_edit(ref, e))
+            out.edits.extend(edits if keep_runtime else [e for e in edits if not _is_runtime_edit(ref, e)])
     elif not ref.is_template and not any(f.enforcement == "deny" for f in out.findings):
         # Only once the Pod is otherwise fine: a Pod denied for its quantities is fixed first.
         _require_class(ref, chosen, edits, out)

@@ -63,6 +63,8 @@ class Verdict(NamedTuple):
     @property
     def rules(self) -> tuple[str, ...]:
         """Ids of every rule that fired (denials first), for logs and metrics."""
+        if not self.violations and not self.warnings:
+            return ()
         return tuple(f.rule for f in (*self.violations, *self.warnings))
 
     def message(self) -> str:

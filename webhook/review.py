@@ -8,7 +8,7 @@ warnings it will not silently drop, auditAnnotations keys it will not silently d
 
 from __future__ import annotations
 
-import base64
+import binascii
 import functools
 import re
 import unicodedata
@@ -82,6 +82,8 @@ class Decision(NamedTuple):
 
 
 def _mapping(value: object, where: str, *, required: bool = False) -> Mapping[str, Any] | None:
+    if type(value) is dict:
+        return value
     if value is None:
         if required:
             raise ReviewError(f"{where} is required")
@@ -143,10 +145,10 @@ def parse_review(body: bytes) -> AdmissionRequest:
         api_version=cast(ApiVersion, api_version),
         uid=uid,
         operation=cast(Operation, operation),
-        kind=GroupVersionKind(
-            group=_string(kind.get("group"), "request.kind.group"),
-            version=_string(kind.get("version"), "request.kind.version"),
-            kind=_string(kind.get("kind"), "request.kind.kind"),
+        kind=GroupVersionKind(  # group, version, kind
+            _string(kind.get("group"), "request.kind.group"),
+            _string(kind.get("version"), "request.kind.version"),
+            _string(kind.get("kind"), "request.kind.kind"),
         ),
         resource=_string(resource.get("resource"), "request.resource.resource"),
         sub_resource=_string(request.get("subResource"), "request.subResource"),
@@ -199,7 +201,7 @@ def audit_key(key: str) -> str | None:
 
 def encode_patch(operations: Sequence[Mapping[str, Any]]) -> str:
     """RFC 6902 operations as the base64 string `response.patch` carries."""
-    return base64.b64encode(orjson.dumps(list(operations))).decode("ascii")
+    return binascii.b2a_base64(orjson.dumps(list(operations)), newline=False).decode("ascii")  # = b64encode
 
 
 def build_response(request: AdmissionRequest, decision: Decision) -> dict[str, Any]:
