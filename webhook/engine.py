@@ -206,7 +206,8 @@ def _check_containers(policy: Policy, ref: PodSpecRef, out: _Collector) -> dict[
             continue
         limits = pods.mapping(resources.get("limits"))
         requests = pods.mapping(resources.get("requests"))
-        names = [n for n in dict.fromkeys([*limits, *requests]) if isinstance(n, str) and policy.gpu_resource(n)]
+        names = [n for n in limits if isinstance(n, str) and policy.gpu_resource(n)]
+        names += [n for n in requests if n not in limits and isinstance(n, str) and policy.gpu_resource(n)]
         for name in names:
             count = _check_quantity(policy, cref, name, limits, requests, out)
             per_resource.setdefault(name, []).append((cref, count))

@@ -73,6 +73,9 @@ def get(obj: Any, path: Path) -> Any:
     """The value at `path`, or None where any step is missing or of the wrong type."""
     node = obj
     for step in path:
+        if type(node) is dict and type(step) is str:  # the usual step, first
+            node = node.get(step)
+            continue
         if isinstance(step, int):
             if not isinstance(node, list) or step >= len(node):
                 return None
@@ -128,9 +131,9 @@ def containers(ref: PodSpecRef) -> list[ContainerRef]:
     for list_name in CONTAINER_LISTS:
         items = ref.spec.get(list_name)
         if isinstance(items, list):
-            out.extend(
-                ContainerRef(list_name, i, c, ref.spec_path) for i, c in enumerate(items) if isinstance(c, dict)
-            )
+            for i, c in enumerate(items):
+                if isinstance(c, dict):
+                    out.append(ContainerRef(list_name, i, c, ref.spec_path))
     return out
 
 
