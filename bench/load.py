@@ -13,7 +13,8 @@ Clients keep their TLS connections alive, as kube-apiserver does; each request c
 2. Open loop: a fixed rate (500 reviews/s by default) scheduled in advance; latency is measured from each
    request's scheduled time (a stall is not hidden by sending less): p50/p99/p99.9 (target p99 < 5 ms).
 3. With --quiet-webhook, a second webhook at log level WARNING (no line per review) takes part in the same
-   alternating rounds: what the INFO review line costs, measured in one run.
+   alternating rounds: what the INFO review line costs, measured in one run. With --baseline DIR, a webhook
+   run from another checkout (`git worktree add DIR REV`) does: what a change gains, measured in one run.
 4. With --inside, the servers run under `bench/probe.py`, and the closed loop also prints the thread CPU time
    per request of their stages inside the workers (gthread's handling, the WSGI call, the webhook's answer()).
 
@@ -21,6 +22,7 @@ Clients keep their TLS connections alive, as kube-apiserver does; each request c
     python bench/load.py --duration 10 --rate 500 --rounds 5
     python bench/load.py --inside             # and where each server's CPU goes, stage by stage
     python bench/load.py --quiet-webhook      # and the webhook without its INFO line per review, same rounds
+    python bench/load.py --baseline ../before # and the webhook of another checkout, same rounds
 """
 
 from __future__ import annotations
@@ -52,7 +54,9 @@ DEFAULT_REVIEW = REPO / "tests" / "data" / "admission-reviews" / "pod-create-fro
 UID_PLACEHOLDER = "00000000-0000-0000-0000-000000000000"
 NAMES = ("bare", "floor", "webhook")
 QUIET = "webhook-quiet"  # with --quiet-webhook: the webhook at log level WARNING (no line per review)
-LABELS = {"bare": "bare WSGI floor", "floor": "Flask floor", "webhook": "webhook", QUIET: "webhook, WARNING"}
+BASELINE = "webhook-baseline"  # with --baseline DIR: the webhook of the checkout in DIR
+LABELS = {"bare": "bare WSGI floor", "floor": "Flask floor", "webhook": "webhook", QUIET: "webhook, WARNING",
+          BASELINE: "webhook, baseline"}
 FLOOR_BODY = json.dumps({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
                          "response": {"uid": UID_PLACEHOLDER, "allowed": True}}).encode()
 
@@ -318,9 +322,9 @@ def wait_ready(port: int, cafile: str, proc: subprocess.Popen[bytes], timeout: f
     raise RuntimeError("server did not start")
 
 
-def spawn(command: list[str], log: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
+def spawn(command: list[str], log: Path, env: dict[str, str], cwd: Path | None = None) -> subprocess.Popen[bytes]:
     with open(log, "wb") as handle:
-        return subprocess.Popen(command, stdout=handle, stderr=subprocess.STDOUT, env=env)
+        return subprocess.Popen(command, stdout=handle, stderr=subprocess.STDOUT, env=env, cwd=cwd)
 
 
 def issue_certs(directory: Path, key_type: str = "ecdsa") -> Path:
@@ -368,6 +372,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rate", type=positive, default=500.0, help="open-loop reviews per second (> 0)")
     parser.add_argument("--open-connections", type=int, default=8, help="open-loop connections")
     parser.add_argument("--log-level", default="INFO", help="webhook log level (INFO: one line per review)")
+    parser.add_argument("--baseline", type=Path, metavar="DIR",
+                        help="also run the webhook of the checkout in DIR in the same rounds")
     parser.add_argument("--quiet-webhook", action="store_true",
                         help="also run the webhook at log level WARNING in the same rounds")
     parser.add_argument("--inside", action="store_true",
@@ -388,7 +394,9 @@ def main(argv: list[str] | None = None) -> int:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("GPU_WEBHOOK_", "PROMETHEUS_"))}
     env["PYTHONPATH"] = str(REPO)
     common = ["--workers", str(args.workers), "--threads", str(args.threads)]
-    names = (*NAMES, QUIET) if args.quiet_webhook else NAMES
+    webhooks = [("webhook", args.log_level, REPO), *([(QUIET, "WARNING", REPO)] if args.quiet_webhook else []),
+                *([(BASELINE, args.log_level, args.baseline.resolve())] if args.baseline else [])]
+    names = (*NAMES, *(name for name, _, _ in webhooks[1:]))
     ports = {name: free_port() for name in names}
     probe_dirs = {name: work / f"probe-{name}" for name in names}
 
@@ -398,14 +406,13 @@ def main(argv: list[str] | None = None) -> int:
             return [sys.executable, str(REPO / "bench" / "probe.py"), str(probe_dirs[name]), target]
         return [sys.executable, target] if target.endswith(".py") else [sys.executable, "-m", target]
 
-    webhooks = [("webhook", args.log_level), *([(QUIET, "WARNING")] if args.quiet_webhook else [])]
     servers = {}
-    for name, level in webhooks:
+    for name, level, checkout in webhooks:
         servers[name] = spawn(
             [*python(name, "webhook.cli_server"), "serve", "--tls-dir", str(work / "tls"),
              "--host", "127.0.0.1", "--port", str(ports[name]), "--metrics-host", "127.0.0.1",
              "--metrics-port", str(free_port()), "--log-level", level, *common],
-            work / f"{name}.log", env)
+            work / f"{name}.log", {**env, "PYTHONPATH": str(checkout)}, cwd=checkout)  # `-m` looks in cwd first
     for name, kind in (("floor", "flask"), ("bare", "wsgi")):
         servers[name] = spawn(
             [*python(name, str(Path(__file__).resolve())), "--serve-floor", kind, "--tls-dir", str(work / "tls"),
@@ -454,6 +461,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  the same, median of each round's ratio = {paired:.2f}   (the two run seconds apart: "
               "less moved by the host's drift)")
         print(f"  ratio webhook / bare WSGI floor = {median['webhook'] / median['bare']:.2f}")
+        if BASELINE in median:
+            paired = statistics.median(w / b for w, b in zip(rps["webhook"], rps[BASELINE], strict=True))
+            print(f"  webhook / baseline webhook      = {median['webhook'] / median[BASELINE]:.2f}   "
+                  f"(median of each round's ratio {paired:.2f})")
         if QUIET in median:
             print(f"  ratio webhook at WARNING / Flask floor = {median[QUIET] / median['floor']:.2f}   (the INFO line "
                   f"per review costs {(median[QUIET] - median['webhook']) / median['floor']:.2f} of the floor)")
