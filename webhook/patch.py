@@ -17,6 +17,7 @@ from webhook.findings import Edit
 
 Path = tuple[str | int, ...]
 _CONTAINERS = (dict, list)  # a tuple: isinstance checks it faster than the union `dict | list`
+_UNSEEN: Any = object()
 
 
 @lru_cache(maxsize=4096)
@@ -31,9 +32,8 @@ def operations(obj: Mapping[str, Any], edits: Sequence[Edit]) -> list[dict[str, 
     created: dict[Path, Any] = {}
     anchors: dict[Path, Path | None] = {}
     for kind, path, key, value in edits:
-        if path in anchors:
-            anchor = anchors[path]
-        else:
+        anchor = anchors.get(path, _UNSEEN)
+        if anchor is _UNSEEN:
             anchor = anchors[path] = _missing_root(obj, path, list if kind == "append" else dict)
         if isinstance(value, _CONTAINERS):
             value = _copy(value)
@@ -47,14 +47,15 @@ def operations(obj: Mapping[str, Any], edits: Sequence[Edit]) -> list[dict[str, 
             continue
         if kind == "remove":
             continue
-        if anchor not in created:
-            created[anchor] = [] if (anchor == path and kind == "append") else {}
-            ops.append({"op": "add", "path": pointer(anchor), "value": created[anchor]})
-        node = created[anchor]
-        rest = path[len(anchor):]
-        for i, step in enumerate(rest):
-            last = i == len(rest) - 1
-            node = node.setdefault(step, [] if (last and kind == "append") else {})
+        node: Any = created.get(anchor)
+        if node is None:
+            node = created[anchor] = [] if (anchor == path and kind == "append") else {}
+            ops.append({"op": "add", "path": pointer(anchor), "value": node})
+        if len(anchor) < len(path):
+            rest = path[len(anchor):]
+            for i, step in enumerate(rest):
+                last = i == len(rest) - 1
+                node = node.setdefault(step, [] if (last and kind == "append") else {})
         if kind == "append":
             node.append(value)
         else:

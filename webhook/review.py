@@ -23,6 +23,9 @@ from webhook.findings import Operation
 ApiVersion = Literal["admission.k8s.io/v1", "admission.k8s.io/v1beta1"]
 API_VERSIONS: tuple[ApiVersion, ...] = ("admission.k8s.io/v1", "admission.k8s.io/v1beta1")
 OPERATIONS: tuple[Operation, ...] = ("CREATE", "UPDATE", "DELETE", "CONNECT")
+_API_VERSION_OF: dict[str, ApiVersion] = {v: v for v in API_VERSIONS}  # the text as its Literal type
+_OPERATION_OF: dict[str, Operation] = {o: o for o in OPERATIONS}
+_EMPTY: Mapping[str, Any] = MappingProxyType({})
 
 WARNING_MAX_CHARS = 120  # "Limit warnings to 120 characters if possible" (admission/v1 API doc)
 WARNINGS_MAX = 5
@@ -117,10 +120,11 @@ def parse_review(body: bytes) -> AdmissionRequest:
     """Parse an AdmissionReview request body once; raises ReviewError naming the first problem."""
     review = _mapping(decode_json(body), "the request body", required=True)
     assert review is not None
-    api_version = review.get("apiVersion")
-    if api_version not in API_VERSIONS:
+    text = review.get("apiVersion")
+    api_version = _API_VERSION_OF.get(text) if type(text) is str else None  # a list or dict: not hashable
+    if api_version is None:
         expected = ", ".join(API_VERSIONS)
-        raise ReviewError(f"unsupported apiVersion {api_version!r}: expected one of {expected}")
+        raise ReviewError(f"unsupported apiVersion {text!r}: expected one of {expected}")
     if review.get("kind") != "AdmissionReview":
         raise ReviewError(f"unsupported kind {review.get('kind')!r}: expected 'AdmissionReview'")
     request = _mapping(review.get("request"), "request", required=True)
@@ -128,23 +132,24 @@ def parse_review(body: bytes) -> AdmissionRequest:
     uid = request.get("uid")
     if not isinstance(uid, str) or not uid:
         raise ReviewError("request.uid is required (a non-empty string)")
-    operation = request.get("operation")
-    if operation not in OPERATIONS:
-        raise ReviewError(f"request.operation {operation!r} is not one of {', '.join(OPERATIONS)}")
-    kind = _mapping(request.get("kind"), "request.kind") or {}
-    resource = _mapping(request.get("resource"), "request.resource") or {}
+    text = request.get("operation")
+    operation = _OPERATION_OF.get(text) if type(text) is str else None
+    if operation is None:
+        raise ReviewError(f"request.operation {text!r} is not one of {', '.join(OPERATIONS)}")
+    kind = _mapping(request.get("kind"), "request.kind") or _EMPTY
+    resource = _mapping(request.get("resource"), "request.resource") or _EMPTY
     obj = _mapping(request.get("object"), "request.object")
     if obj is None and operation == "CREATE":
         raise ReviewError("request.object is required for CREATE")
-    metadata = _mapping(obj.get("metadata"), "request.object.metadata") if obj else None
+    metadata = (_mapping(obj.get("metadata"), "request.object.metadata") if obj else None) or _EMPTY
     dry_run = request.get("dryRun", False)
-    if not isinstance(dry_run, bool | None):
+    if dry_run is not None and not isinstance(dry_run, bool):
         raise ReviewError("request.dryRun must be a boolean")
-    user = _mapping(request.get("userInfo"), "request.userInfo") or {}
+    user = _mapping(request.get("userInfo"), "request.userInfo") or _EMPTY
     return AdmissionRequest(
-        api_version=cast(ApiVersion, api_version),
+        api_version=api_version,
         uid=uid,
-        operation=cast(Operation, operation),
+        operation=operation,
         kind=GroupVersionKind(  # group, version, kind
             _string(kind.get("group"), "request.kind.group"),
             _string(kind.get("version"), "request.kind.version"),
@@ -153,9 +158,8 @@ def parse_review(body: bytes) -> AdmissionRequest:
         resource=_string(resource.get("resource"), "request.resource.resource"),
         sub_resource=_string(request.get("subResource"), "request.subResource"),
         namespace=_string(request.get("namespace"), "request.namespace") or None,
-        name=_string(request.get("name"), "request.name")
-        or _string((metadata or {}).get("name"), "metadata.name"),
-        generate_name=_string((metadata or {}).get("generateName"), "metadata.generateName"),
+        name=_string(request.get("name"), "request.name") or _string(metadata.get("name"), "metadata.name"),
+        generate_name=_string(metadata.get("generateName"), "metadata.generateName"),
         obj=obj,
         old_obj=_mapping(request.get("oldObject"), "request.oldObject"),
         dry_run=bool(dry_run),
