@@ -24,7 +24,7 @@ from webhook import inventory, pods, quantity
 from webhook.findings import Edit, Finding, Mode, Operation, Verdict
 from webhook.inventory import Snapshot
 from webhook.pods import ContainerRef, PodSpecRef, render_path
-from webhook.rules import ANNOTATION_PREFIX, Axis, Contribution, Policy
+from webhook.rules import ANNOTATION_PREFIX, Axis, Contribution, GPUResource, Policy
 
 MIRROR_ANNOTATION = "kubernetes.io/config.mirror"
 CLASS_ANNOTATION = ANNOTATION_PREFIX + "class"
@@ -206,15 +206,15 @@ def _check_containers(policy: Policy, ref: PodSpecRef, out: _Collector) -> dict[
             continue
         limits = pods.mapping(resources.get("limits"))
         requests = pods.mapping(resources.get("requests"))
-        names = [n for n in limits if isinstance(n, str) and policy.gpu_resource(n)]
-        names += [n for n in requests if n not in limits and isinstance(n, str) and policy.gpu_resource(n)]
-        for name in names:
-            count = _check_quantity(policy, cref, name, limits, requests, out)
-            per_resource.setdefault(name, []).append((cref, count))
+        for name in [*limits, *(n for n in requests if n not in limits)]:
+            resource = policy.gpu_resource(name) if isinstance(name, str) else None
+            if resource is not None:
+                count = _check_quantity(resource, cref, name, limits, requests, out)
+                per_resource.setdefault(name, []).append((cref, count))
     return per_resource
 
 
-def _check_quantity(policy: Policy, cref: ContainerRef, name: str, limits: Mapping[str, Any],
+def _check_quantity(resource: GPUResource, cref: ContainerRef, name: str, limits: Mapping[str, Any],
                     requests: Mapping[str, Any], out: _Collector) -> int:
     """One GPU resource of one container; returns the count it asks for (0 when it is invalid)."""
     values: dict[str, int | None] = {}
@@ -253,8 +253,7 @@ def _check_quantity(policy: Policy, cref: ContainerRef, name: str, limits: Mappi
                 f"must be equal to {name} limit of {quantity.display(limits[name])}; set requests equal to limits, "
                 f"or remove the request (it defaults to the limit)")
     count = limit if limit is not None else 0
-    resource = policy.gpu_resource(name)
-    if resource and resource.max_per_container is not None and count > resource.max_per_container:
+    if resource.max_per_container is not None and count > resource.max_per_container:
         why = f" ({resource.reason})" if resource.reason else ""
         out.add("gpu-per-container-max",
                 f"{cref.where()}: asks for {count} {name} but a container may have at most {resource.max_per_container}"
