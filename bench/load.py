@@ -400,6 +400,10 @@ def main(argv: list[str] | None = None) -> int:
     ports = {name: free_port() for name in names}
     probe_dirs = {name: work / f"probe-{name}" for name in names}
 
+    def endpoint(name: str) -> str:
+        """Where server `name` is called: the webhooks at --path, the floors at /."""
+        return args.path if name in (n for n, _, _ in webhooks) else "/"
+
     def python(name: str, target: str) -> list[str]:
         """The command line start of server `name`: `target` is a module name or a script path."""
         if args.inside:
@@ -440,7 +444,7 @@ def main(argv: list[str] | None = None) -> int:
         cpu: dict[str, list[float]] = {name: [] for name in names}  # server CPU seconds per request
         for _ in range(args.rounds):
             for name in names:
-                path = args.path if name.startswith("webhook") else "/"
+                path = endpoint(name)
                 before = workers_cpu_seconds(servers[name].pid)
                 rate = closed_loop(ports[name], cafile, template, path, args.processes, args.connections,
                                    args.duration)
@@ -478,8 +482,8 @@ def main(argv: list[str] | None = None) -> int:
               f"connections (latency from the scheduled send time):")
         p99 = {}
         for name in names:
-            path = args.path if name.startswith("webhook") else "/"
-            lat = open_loop(ports[name], cafile, template, path, args.rate, args.duration, args.open_connections)
+            lat = open_loop(ports[name], cafile, template, endpoint(name), args.rate, args.duration,
+                            args.open_connections)
             p99[name] = percentile(lat, 99) * 1000
             print(f"  {LABELS[name]:<16} n={len(lat)}  p50 {percentile(lat, 50) * 1000:.2f} ms  "
                   f"p99 {p99[name]:.2f} ms  p99.9 {percentile(lat, 99.9) * 1000:.2f} ms  "

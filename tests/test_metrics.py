@@ -26,11 +26,16 @@ REVIEWS = [
 LATENCY = "gpu_webhook_review_duration_seconds"
 
 
+def write_to(directory: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Instruments created from now on write to `directory` (as in a gunicorn worker), until the test ends."""
+    monkeypatch.setenv(metrics.MULTIPROC_ENV, str(directory))
+    monkeypatch.setattr(prometheus_values, "ValueClass", prometheus_values.get_value_class())
+
+
 @pytest.fixture
 def multiprocess_mode(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    """prometheus_client writing to `tmp_path` (as in a gunicorn worker), restored afterwards."""
-    monkeypatch.setenv(metrics.MULTIPROC_ENV, str(tmp_path))
-    monkeypatch.setattr(prometheus_values, "ValueClass", prometheus_values.get_value_class())
+    """prometheus_client writing to `tmp_path`, restored afterwards."""
+    write_to(tmp_path, monkeypatch)
     yield tmp_path
 
 
@@ -99,8 +104,7 @@ def test_batched_in_multiprocess_mode_matches_observe(multiprocess_mode: Path, t
     mine = samples(aggregate(multiprocess_mode))
 
     other = tmp_path_factory.mktemp("reference")  # prometheus_client's own writes, in a directory of their own
-    monkeypatch.setenv(metrics.MULTIPROC_ENV, str(other))
-    monkeypatch.setattr(prometheus_values, "ValueClass", prometheus_values.get_value_class())
+    write_to(other, monkeypatch)
     reference(CollectorRegistry(), times=2)
     assert mine == samples(aggregate(other))
     assert mine[("gpu_webhook_reviews_total", (("decision", "patch"), ("endpoint", "mutate"), ("kind", "Pod")))] == 6

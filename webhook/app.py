@@ -104,10 +104,7 @@ class AdmissionServer:
     def _record(self, mode: Mode, req: AdmissionRequest, verdict: Verdict, outcome: str,
                 seconds: float) -> None:
         kind = req.kind.kind if req.kind.kind in KNOWN_KINDS else "other"  # a bounded label set
-        findings: list[tuple[str, str]] = []
-        if verdict.violations or verdict.warnings:
-            findings = [(f.rule, "deny") for f in verdict.violations]
-            findings += [(f.rule, "warn") for f in verdict.warnings]
+        findings = [(f.rule, f.enforcement) for f in (*verdict.violations, *verdict.warnings)]  # deny, then warn
         self.metrics.review(mode, kind, outcome, findings, seconds)
         if log.isEnabledFor(logging.INFO):
             logs.info_line(log, "review", {

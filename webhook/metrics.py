@@ -46,7 +46,8 @@ class _Tally:
     def __init__(self) -> None:
         self.reviews: dict[tuple[str, str, str], int] = {}
         self.findings: dict[tuple[str, str, str], int] = {}
-        self.latency: dict[str, tuple[list[int], list[float]]] = {}
+        self.latency_counts: dict[str, list[int]] = {}  # per bucket of _UPPER_BOUNDS, not cumulative
+        self.latency_sums: dict[str, float] = {}
 
 
 class Metrics:
@@ -140,11 +141,11 @@ class Metrics:
             for rule, effect in findings:
                 key = (endpoint, rule, effect)
                 tally.findings[key] = tally.findings.get(key, 0) + 1
-            histogram = tally.latency.get(endpoint)
-            if histogram is None:
-                histogram = tally.latency[endpoint] = ([0] * len(_UPPER_BOUNDS), [0.0])
-            histogram[0][bisect.bisect_left(_UPPER_BOUNDS, seconds)] += 1  # the first bucket with seconds <= le
-            histogram[1][0] += seconds
+            counts = tally.latency_counts.get(endpoint)
+            if counts is None:
+                counts = tally.latency_counts[endpoint] = [0] * len(_UPPER_BOUNDS)
+            counts[bisect.bisect_left(_UPPER_BOUNDS, seconds)] += 1  # the first bucket with seconds <= le
+            tally.latency_sums[endpoint] = tally.latency_sums.get(endpoint, 0.0) + seconds
             if self._flush_seconds is not None:
                 if self._flusher is None:  # started on first use: in the worker, after gunicorn's fork
                     self._flusher = Thread(target=self._flush_periodically, name="metrics-flusher", daemon=True)
@@ -160,8 +161,8 @@ class Metrics:
             self._child(self.reviews, endpoint, kind, decision).inc(count)
         for (endpoint, rule, effect), count in tally.findings.items():
             self._child(self.rule_findings, endpoint, rule, effect).inc(count)
-        for endpoint, (counts, total) in tally.latency.items():
-            _observe_many(self._child(self.latency, endpoint), counts, total[0])
+        for endpoint, counts in tally.latency_counts.items():
+            _observe_many(self._child(self.latency, endpoint), counts, tally.latency_sums[endpoint])
 
     def _flush_periodically(self) -> None:
         assert self._flush_seconds is not None

@@ -8,7 +8,7 @@ warnings it will not silently drop, auditAnnotations keys it will not silently d
 
 from __future__ import annotations
 
-import binascii
+import base64
 import functools
 import re
 import unicodedata
@@ -120,11 +120,11 @@ def parse_review(body: bytes) -> AdmissionRequest:
     """Parse an AdmissionReview request body once; raises ReviewError naming the first problem."""
     review = _mapping(decode_json(body), "the request body", required=True)
     assert review is not None
-    text = review.get("apiVersion")
-    api_version = _API_VERSION_OF.get(text) if type(text) is str else None  # a list or dict: not hashable
+    raw_version = review.get("apiVersion")
+    api_version = _API_VERSION_OF.get(raw_version) if type(raw_version) is str else None  # a list: unhashable
     if api_version is None:
         expected = ", ".join(API_VERSIONS)
-        raise ReviewError(f"unsupported apiVersion {text!r}: expected one of {expected}")
+        raise ReviewError(f"unsupported apiVersion {raw_version!r}: expected one of {expected}")
     if review.get("kind") != "AdmissionReview":
         raise ReviewError(f"unsupported kind {review.get('kind')!r}: expected 'AdmissionReview'")
     request = _mapping(review.get("request"), "request", required=True)
@@ -132,10 +132,10 @@ def parse_review(body: bytes) -> AdmissionRequest:
     uid = request.get("uid")
     if not isinstance(uid, str) or not uid:
         raise ReviewError("request.uid is required (a non-empty string)")
-    text = request.get("operation")
-    operation = _OPERATION_OF.get(text) if type(text) is str else None
+    raw_operation = request.get("operation")
+    operation = _OPERATION_OF.get(raw_operation) if type(raw_operation) is str else None
     if operation is None:
-        raise ReviewError(f"request.operation {text!r} is not one of {', '.join(OPERATIONS)}")
+        raise ReviewError(f"request.operation {raw_operation!r} is not one of {', '.join(OPERATIONS)}")
     kind = _mapping(request.get("kind"), "request.kind") or _EMPTY
     resource = _mapping(request.get("resource"), "request.resource") or _EMPTY
     obj = _mapping(request.get("object"), "request.object")
@@ -205,7 +205,7 @@ def audit_key(key: str) -> str | None:
 
 def encode_patch(operations: Sequence[Mapping[str, Any]]) -> str:
     """RFC 6902 operations as the base64 string `response.patch` carries."""
-    return binascii.b2a_base64(orjson.dumps(list(operations)), newline=False).decode("ascii")  # = b64encode
+    return base64.b64encode(orjson.dumps(list(operations))).decode("ascii")
 
 
 def build_response(request: AdmissionRequest, decision: Decision) -> dict[str, Any]:
