@@ -15,7 +15,10 @@ Clients keep their TLS connections alive, as kube-apiserver does; each request c
 3. With --quiet-webhook, a second webhook at log level WARNING (no line per review) takes part in the same
    alternating rounds: what the INFO review line costs, measured in one run. With --baseline DIR, a webhook
    run from another checkout (`git worktree add DIR REV`) does: what a change gains, measured in one run.
-4. With --inside, the servers run under `bench/probe.py`, and the closed loop also prints the thread CPU time
+4. With --references, two more webhooks take part (bench/variants.py): one answering every review from its
+   first answer (the stack without the engine) and one answering every review twice (what one more answer()
+   costs right after the first).
+5. With --inside, the servers run under `bench/probe.py`, and the closed loop also prints the thread CPU time
    per request of their stages inside the workers (gthread's handling, the WSGI call, the webhook's answer()).
 
     python bench/load.py                      # defaults: realistic GPU Pod review, 2 workers x 4 threads
@@ -23,6 +26,7 @@ Clients keep their TLS connections alive, as kube-apiserver does; each request c
     python bench/load.py --inside             # and where each server's CPU goes, stage by stage
     python bench/load.py --quiet-webhook      # and the webhook without its INFO line per review, same rounds
     python bench/load.py --baseline ../before # and the webhook of another checkout, same rounds
+    python bench/load.py --references         # and the webhook without its engine, and with it twice
 """
 
 from __future__ import annotations
@@ -55,8 +59,11 @@ UID_PLACEHOLDER = "00000000-0000-0000-0000-000000000000"
 NAMES = ("bare", "floor", "webhook")
 QUIET = "webhook-quiet"  # with --quiet-webhook: the webhook at log level WARNING (no line per review)
 BASELINE = "webhook-baseline"  # with --baseline DIR: the webhook of the checkout in DIR
+ONCE = "webhook-once"  # with --references: every review answered from the first answer (bench/variants.py)
+TWICE = "webhook-twice"  # with --references: every review answered twice
 LABELS = {"bare": "bare WSGI floor", "floor": "Flask floor", "webhook": "webhook", QUIET: "webhook, WARNING",
-          BASELINE: "webhook, baseline"}
+          BASELINE: "webhook, baseline", ONCE: "webhook, answer once", TWICE: "webhook, answer x2"}
+WIDTH = max(map(len, LABELS.values()))  # of the first column
 FLOOR_BODY = json.dumps({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
                          "response": {"uid": UID_PLACEHOLDER, "allowed": True}}).encode()
 
@@ -376,6 +383,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="also run the webhook of the checkout in DIR in the same rounds")
     parser.add_argument("--quiet-webhook", action="store_true",
                         help="also run the webhook at log level WARNING in the same rounds")
+    parser.add_argument("--references", action="store_true",
+                        help="also run the webhook answering every review once and twice (bench/variants.py)")
     parser.add_argument("--inside", action="store_true",
                         help="also measure thread CPU per request inside the workers, by stage (bench/probe.py)")
     parser.add_argument("--serve-floor", choices=("flask", "wsgi"), help=argparse.SUPPRESS)
@@ -394,26 +403,33 @@ def main(argv: list[str] | None = None) -> int:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("GPU_WEBHOOK_", "PROMETHEUS_"))}
     env["PYTHONPATH"] = str(REPO)
     common = ["--workers", str(args.workers), "--threads", str(args.threads)]
-    webhooks = [("webhook", args.log_level, REPO), *([(QUIET, "WARNING", REPO)] if args.quiet_webhook else []),
-                *([(BASELINE, args.log_level, args.baseline.resolve())] if args.baseline else [])]
-    names = (*NAMES, *(name for name, _, _ in webhooks[1:]))
+    # (name, log level, checkout, bench/variants.py variant or "")
+    webhooks = [("webhook", args.log_level, REPO, ""), *([(QUIET, "WARNING", REPO, "")] if args.quiet_webhook else []),
+                *([(BASELINE, args.log_level, args.baseline.resolve(), "")] if args.baseline else []),
+                *([(ONCE, args.log_level, REPO, "once"), (TWICE, args.log_level, REPO, "twice")]
+                  if args.references else [])]
+    names = (*NAMES, *(name for name, *_ in webhooks[1:]))
     ports = {name: free_port() for name in names}
     probe_dirs = {name: work / f"probe-{name}" for name in names}
 
     def endpoint(name: str) -> str:
         """Where server `name` is called: the webhooks at --path, the floors at /."""
-        return args.path if name in (n for n, _, _ in webhooks) else "/"
+        return args.path if name in (n for n, *_ in webhooks) else "/"
 
-    def python(name: str, target: str) -> list[str]:
-        """The command line start of server `name`: `target` is a module name or a script path."""
+    def python(name: str, target: str, *target_args: str) -> list[str]:
+        """The command line start of server `name`: `target` is a module name or a script path (then its args)."""
         if args.inside:
-            return [sys.executable, str(REPO / "bench" / "probe.py"), str(probe_dirs[name]), target]
-        return [sys.executable, target] if target.endswith(".py") else [sys.executable, "-m", target]
+            return [sys.executable, str(REPO / "bench" / "probe.py"), str(probe_dirs[name]), target, *target_args]
+        start = [sys.executable, target] if target.endswith(".py") else [sys.executable, "-m", target]
+        return [*start, *target_args]
 
     servers = {}
-    for name, level, checkout in webhooks:
+    for name, level, checkout, variant in webhooks:
+        target = ["webhook.cli_server"]
+        if variant:
+            target = [str(REPO / "bench" / "variants.py"), variant, *target]
         servers[name] = spawn(
-            [*python(name, "webhook.cli_server"), "serve", "--tls-dir", str(work / "tls"),
+            [*python(name, *target), "serve", "--tls-dir", str(work / "tls"),
              "--host", "127.0.0.1", "--port", str(ports[name]), "--metrics-host", "127.0.0.1",
              "--metrics-port", str(free_port()), "--log-level", level, *common],
             work / f"{name}.log", {**env, "PYTHONPATH": str(checkout)}, cwd=checkout)  # `-m` looks in cwd first
@@ -458,7 +474,7 @@ def main(argv: list[str] | None = None) -> int:
         for name in names:
             rounds = ", ".join(f"{r:.0f}" for r in rps[name])
             per_request = f"{statistics.median(cpu[name]) * 1e6:5.0f} µs" if cpu[name] else "  n/a"
-            print(f"  {LABELS[name]:<16} {median[name]:8.0f} req/s   server CPU {per_request} per request   "
+            print(f"  {LABELS[name]:<{WIDTH}} {median[name]:8.0f} req/s   server CPU {per_request} per request   "
                   f"(rounds: {rounds})")
         print(f"  ratio webhook / Flask floor     = {median['webhook'] / median['floor']:.2f}   (target >= 0.80)")
         paired = statistics.median(w / f for w, f in zip(rps["webhook"], rps["floor"], strict=True))
@@ -472,11 +488,20 @@ def main(argv: list[str] | None = None) -> int:
         if QUIET in median:
             print(f"  ratio webhook at WARNING / Flask floor = {median[QUIET] / median['floor']:.2f}   (the INFO line "
                   f"per review costs {(median[QUIET] - median['webhook']) / median['floor']:.2f} of the floor)")
+        if args.references:
+            print(f"  ratio webhook answering from its first answer / Flask floor = "
+                  f"{median[ONCE] / median['floor']:.2f}   (the stack without the engine)")
+            print(f"  ratio webhook answering twice / webhook = {median[TWICE] / median['webhook']:.2f}   (one more "
+                  "answer() per review)")
+            for name in (ONCE, TWICE):
+                if cpu[name] and cpu["webhook"]:
+                    extra = (statistics.median(cpu[name]) - statistics.median(cpu["webhook"])) * 1e6
+                    print(f"  {LABELS[name]}: server CPU {extra:+.0f} µs per request against the webhook")
         if args.inside:
             time.sleep(1)
             print("\ninside the workers, thread CPU per request over all closed-loop rounds (bench/probe.py):")
             for name in names:
-                print(f"  {LABELS[name]:<16} {inside(inside_before[name], totals(probe_dirs[name]))}")
+                print(f"  {LABELS[name]:<{WIDTH}} {inside(inside_before[name], totals(probe_dirs[name]))}")
 
         print(f"\nopen loop, {args.rate:g} reviews/s for {args.duration:g} s over {args.open_connections} "
               f"connections (latency from the scheduled send time):")
@@ -485,7 +510,7 @@ def main(argv: list[str] | None = None) -> int:
             lat = open_loop(ports[name], cafile, template, endpoint(name), args.rate, args.duration,
                             args.open_connections)
             p99[name] = percentile(lat, 99) * 1000
-            print(f"  {LABELS[name]:<16} n={len(lat)}  p50 {percentile(lat, 50) * 1000:.2f} ms  "
+            print(f"  {LABELS[name]:<{WIDTH}} n={len(lat)}  p50 {percentile(lat, 50) * 1000:.2f} ms  "
                   f"p99 {p99[name]:.2f} ms  p99.9 {percentile(lat, 99.9) * 1000:.2f} ms  "
                   f"max {lat[-1] * 1000:.2f} ms")
         print(f"  webhook p99 {p99['webhook']:.2f} ms (target < 5 ms)")

@@ -11,6 +11,15 @@ interpreter itself, not a wrapper script such as pyenv's shim, which valgrind wo
         "$(python -c 'import sys; print(sys.executable)')" bench/stages.py --only answer --count 2000
                                                                # and again with --count 0
 
+Inside a loaded server a review costs about twice what it costs here: between two reviews the clients and the
+other worker run on the same cores and evict the engine's code and data from the caches. `--cold` evicts them
+before each call (it writes over a buffer larger than this machine's 2 MiB L2), and cachegrind's cache
+simulation counts the misses that a review's first touch of its code (LLi) and data (LLd) costs:
+
+    valgrind --tool=cachegrind --cache-sim=yes --LL=2097152,16,64 --cachegrind-out-file=/dev/null \\
+        "$(python -c 'import sys; print(sys.executable)')" bench/stages.py --only answer --count 500 --cold
+                                                               # and again with --only nothing (the eviction alone)
+
 Stages are the server's own calls, on the server's own objects (`create_app` with the packaged rules,
 INFO logging to /dev/null, metrics in multiprocess mode as under gunicorn); `answer` is all of them together.
 """
@@ -38,6 +47,7 @@ from webhook.patch import operations  # noqa: E402
 from webhook.review import build_response, decode_json, parse_review  # noqa: E402
 from webhook.settings import Settings  # noqa: E402
 
+EVICT_BYTES = 4 * 1024 * 1024  # twice the L2 of a core here
 DEFAULT_REVIEW = REPO / "tests" / "data" / "admission-reviews" / "pod-create-from-replicaset-gpu.json"
 
 
@@ -70,6 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=7, help="rounds per stage (the best is kept)")
     parser.add_argument("--only", help="run one stage (a prefix of its name) --count times and print nothing")
     parser.add_argument("--count", type=int, default=0, help="with --only: calls to make")
+    parser.add_argument("--cold", action="store_true", help="with --only: evict the caches before each call")
     args = parser.parse_args(argv)
 
     metrics.enable_multiprocess(Path(tempfile.mkdtemp(prefix="bench-stages-metrics-")))
@@ -84,11 +95,16 @@ def main(argv: list[str] | None = None) -> int:
             call()
 
     if args.only:
-        matches = [c for name, c in table.items() if name.startswith(args.only)]
+        choices = {**table, "nothing (what --cold costs alone)": lambda: None}
+        matches = [c for name, c in choices.items() if name.startswith(args.only)]
         if len(matches) != 1:
-            parser.error(f"{args.only!r} starts {len(matches)} stage names, not one; stages: {', '.join(table)}")
+            parser.error(f"{args.only!r} starts {len(matches)} stage names, not one; stages: {', '.join(choices)}")
         [call] = matches
+        evict = bytearray(EVICT_BYTES)
+        lines = b"\1" * (EVICT_BYTES // 64)
         for _ in range(args.count):
+            if args.cold:
+                evict[::64] = lines  # one write per cache line
             call()
         return 0
 
