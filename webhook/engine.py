@@ -132,13 +132,17 @@ def _evaluate_spec(policy: Policy, obj: Mapping[str, Any], ref: PodSpecRef, name
     """Check one pod spec; returns (class name or None, GPU count) for a GPU pod spec, None otherwise."""
     per_resource = _check_containers(policy, ref, out)
     _check_pod_level(policy, ref, out)
-    gpus = sum(pods.effective_count(counts) for counts in per_resource.values())
+    gpus = 0
+    placed = False  # some container asks for a resource that the classes place
+    for name, counts in per_resource.items():
+        count = pods.effective_count(counts)
+        gpus += count
+        placed = placed or (count > 0 and _placed_by_classes(policy, name))
     claims = inventory.gpu_claims(policy, ctx.inventory, namespace, ref.spec) if ctx.inventory else ()
     if gpus == 0 and not claims:
         _check_unaccounted_access(policy, ref, out)
         return None
-    if not claims and not any(_placed_by_classes(policy, name) for name, counts in per_resource.items()
-                              if any(n for _, n in counts)):
+    if not claims and not placed:
         return None, gpus
     chosen = _choose_class(policy, ref, namespace, ctx, out)
     if chosen is None:
@@ -206,7 +210,11 @@ def _check_containers(policy: Policy, ref: PodSpecRef, out: _Collector) -> dict[
             continue
         limits = pods.mapping(resources.get("limits"))
         requests = pods.mapping(resources.get("requests"))
-        for name in [*limits, *(n for n in requests if n not in limits)]:
+        names = list(limits)
+        for name in requests:
+            if name not in limits:
+                names.append(name)
+        for name in names:
             resource = policy.gpu_resource(name) if isinstance(name, str) else None
             if resource is not None:
                 count = _check_quantity(resource, cref, name, limits, requests, out)
@@ -418,7 +426,7 @@ def _plan(policy: Policy, chosen: ChosenClass) -> ClassPlan:
     for c in contributions:
         for key, value in c.node_selector.items():
             selector.setdefault(key, value)
-        tolerations.extend(t for t in c.tolerations if not any(_covers(have, t) for have in tolerations))
+        tolerations.extend(t for t in c.tolerations if not _covered(tolerations, t))
         for name, wanted in _class_fields(c):
             fields[name] = wanted  # an axis value's requirement wins over `common`'s default
         for key, value in c.labels.items():
@@ -448,10 +456,10 @@ def _class_edits(policy: Policy, ref: PodSpecRef, chosen: ChosenClass) -> list[E
         if key not in selector:
             edits.append(Edit("set", selector_path, key, wanted_value))
     current = spec.get("tolerations")
-    existing = [t for t in current if isinstance(t, dict)] if isinstance(current, list) else []
+    existing = current if isinstance(current, list) else ()
     for tol in plan.tolerations:
-        if not any(_covers(present, tol) for present in existing):
-            edits.append(Edit("append", (*path, "tolerations"), None, dict(tol)))
+        if not _covered(existing, tol):
+            edits.append(Edit("append", (*path, "tolerations"), None, tol))  # operations() copies the rules' dict
     for field_name, wanted in plan.fields:
         value = spec.get(field_name)
         if value in (None, "") or (field_name == "schedulerName" and value == DEFAULT_SCHEDULER != wanted):
@@ -474,6 +482,17 @@ def _class_edits(policy: Policy, ref: PodSpecRef, chosen: ChosenClass) -> list[E
         if RULES_ANNOTATION not in annotations:
             edits.append(Edit("set", annotations_path, RULES_ANNOTATION, policy.digest))
     return edits
+
+
+def _covered(present: Sequence[Any], want: Mapping[str, Any]) -> bool:
+    """Whether one of the `present` tolerations (items that are not objects are skipped) covers `want`.
+
+    A loop, not `any()` over a generator: this runs on every GPU Pod's review.
+    """
+    for have in present:  # noqa: SIM110 (see above)
+        if isinstance(have, dict) and _covers(have, want):
+            return True
+    return False
 
 
 def _covers(have: Mapping[str, Any], want: Mapping[str, Any]) -> bool:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import atexit
 import logging
+import math
 import os
 import select
 import threading
@@ -87,21 +88,22 @@ os.register_at_fork(after_in_child=STDERR.after_fork)
 atexit.register(STDERR.flush)
 
 
-_second: tuple[int, str] = (-1, "")  # the last second formatted, and its text (swapped whole: thread-safe)
+_second: tuple[float, str] = (-1.0, "")  # the last second formatted, and its text (swapped whole: thread-safe)
+_MILLIS = tuple(f".{n:03d}Z" for n in range(1000))  # a timestamp's end by millisecond: no formatting per line
 
 
 def timestamp(seconds: float) -> str:
     """UTC with milliseconds, `2026-12-02T12:00:49.123Z`; the date and time part is formatted once a second."""
     global _second
-    whole = int(seconds)
-    micros = round((seconds - whole) * 1_000_000)  # as datetime.fromtimestamp rounds, then cut to milliseconds
+    fraction, whole = math.modf(seconds)  # floats throughout: int(seconds) builds an int to convert back
+    micros = round(fraction * 1_000_000)  # as datetime.fromtimestamp rounds, then cut to milliseconds
     if micros >= 1_000_000:
         whole, micros = whole + 1, micros - 1_000_000
     cached_whole, prefix = _second
     if whole != cached_whole:
         prefix = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(whole))
         _second = (whole, prefix)
-    return f"{prefix}.{micros // 1000:03d}Z"
+    return prefix + _MILLIS[micros // 1000]
 
 
 class JsonLineHandler(logging.Handler):
