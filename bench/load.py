@@ -49,7 +49,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
@@ -66,6 +66,19 @@ LABELS = {"bare": "bare WSGI floor", "floor": "Flask floor", "webhook": "webhook
 WIDTH = max(map(len, LABELS.values()))  # of the first column
 FLOOR_BODY = json.dumps({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
                          "response": {"uid": UID_PLACEHOLDER, "allowed": True}}).encode()
+
+
+class Webhook(NamedTuple):
+    """One webhook server of a run.
+
+    `name` is its key in LABELS, `checkout` the tree it runs from, `variant` its bench/variants.py variant
+    ("": the webhook as it is).
+    """
+
+    name: str
+    level: str
+    checkout: Path
+    variant: str = ""
 
 
 # --- the floor server ----------------------------------------------------------------------------
@@ -403,18 +416,20 @@ def main(argv: list[str] | None = None) -> int:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("GPU_WEBHOOK_", "PROMETHEUS_"))}
     env["PYTHONPATH"] = str(REPO)
     common = ["--workers", str(args.workers), "--threads", str(args.threads)]
-    # (name, log level, checkout, bench/variants.py variant or "")
-    webhooks = [("webhook", args.log_level, REPO, ""), *([(QUIET, "WARNING", REPO, "")] if args.quiet_webhook else []),
-                *([(BASELINE, args.log_level, args.baseline.resolve(), "")] if args.baseline else []),
-                *([(ONCE, args.log_level, REPO, "once"), (TWICE, args.log_level, REPO, "twice")]
-                  if args.references else [])]
-    names = (*NAMES, *(name for name, *_ in webhooks[1:]))
+    webhooks = [Webhook("webhook", args.log_level, REPO)]
+    if args.quiet_webhook:
+        webhooks.append(Webhook(QUIET, "WARNING", REPO))
+    if args.baseline:
+        webhooks.append(Webhook(BASELINE, args.log_level, args.baseline.resolve()))
+    if args.references:
+        webhooks += [Webhook(ONCE, args.log_level, REPO, "once"), Webhook(TWICE, args.log_level, REPO, "twice")]
+    names = (*NAMES, *(w.name for w in webhooks[1:]))
     ports = {name: free_port() for name in names}
     probe_dirs = {name: work / f"probe-{name}" for name in names}
 
     def endpoint(name: str) -> str:
         """Where server `name` is called: the webhooks at --path, the floors at /."""
-        return args.path if name in (n for n, *_ in webhooks) else "/"
+        return args.path if any(w.name == name for w in webhooks) else "/"
 
     def python(name: str, target: str, *target_args: str) -> list[str]:
         """The command line start of server `name`: `target` is a module name or a script path (then its args)."""

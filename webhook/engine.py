@@ -210,11 +210,7 @@ def _check_containers(policy: Policy, ref: PodSpecRef, out: _Collector) -> dict[
             continue
         limits = pods.mapping(resources.get("limits"))
         requests = pods.mapping(resources.get("requests"))
-        names = list(limits)
-        for name in requests:
-            if name not in limits:
-                names.append(name)
-        for name in names:
+        for name in {**limits, **requests}:  # the names in limits, then those only in requests
             resource = policy.gpu_resource(name) if isinstance(name, str) else None
             if resource is not None:
                 count = _check_quantity(resource, cref, name, limits, requests, out)
