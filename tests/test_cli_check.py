@@ -78,8 +78,9 @@ def test_human_output_multi_document_and_template_preview() -> None:
     assert "ALLOWED Deployment default/infer (tests/data/manifests/multi.yaml:2" in out
     assert "pods of this template get: /spec/template/spec/nodeSelector" in out
     assert "ALLOWED ConfigMap default/settings (tests/data/manifests/multi.yaml:16)" in out
-    assert "DENIED  Job default/requests-only (tests/data/manifests/multi.yaml:23)" in out
+    assert "DENIED  Job default/requests-only (tests/data/manifests/multi.yaml:23, class workload=inference," in out
     assert "[gpu-limits-required] spec.template.spec.containers[0] (job)" in out
+    assert "  class: workload=inference from the cluster default" in out
     assert "3 object(s): 2 allowed, 1 denied" in out
 
 

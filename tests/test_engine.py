@@ -74,9 +74,9 @@ FIXTURES = [
     ("pod-create-v1beta1", "mutate", True, [], True, DEFAULT_CLASS, 1),
     ("pod-create-sidecar-gpu", "mutate", True, [], True, DEFAULT_CLASS, 2),
     ("pod-create-no-gpu", "mutate", True, [], False, None, 0),
-    ("pod-create-gpu-fraction", "mutate", False, ["gpu-whole-number", "gpu-whole-number"], False, None, 0),
+    ("pod-create-gpu-fraction", "mutate", False, ["gpu-whole-number", "gpu-whole-number"], False, DEFAULT_CLASS, 0),
     ("pod-create-gpu-mismatch", "mutate", False, ["gpu-requests-equal-limits"], False, DEFAULT_CLASS, 2),
-    ("pod-create-gpu-requests-only", "mutate", False, ["gpu-limits-required"], False, None, 0),
+    ("pod-create-gpu-requests-only", "mutate", False, ["gpu-limits-required"], False, DEFAULT_CLASS, 0),
     ("deployment-create-gpu-template", "mutate", True, [], False, DEFAULT_CLASS, 8),
     ("cronjob-create-gpu-mismatch", "mutate", False, ["gpu-requests-equal-limits"], False, DEFAULT_CLASS, 1),
     ("pod-update-label", "mutate", True, [], False, None, 0),
@@ -262,9 +262,11 @@ MESSAGES = [
         "choose one of: inference, training",
     ], id="class-unknown"),
     pytest.param(_cronjob(gpu_pod("1", labels=None)) | {}, None, [], id="cronjob-allowed"),
-    pytest.param(gpu_pod("1", nodeSelector={"workload": "training"}), "gpu-class-conflict", [
-        'spec.nodeSelector[workload] is "training"', 'requires "inference"', "remove it from the Pod",
-    ], id="nodeselector-conflict"),
+    pytest.param(gpu_pod("1", labels={"gpu-webhook.io/workload": "inference"}, nodeSelector={"workload": "training"}),
+                 "gpu-class-conflict", [
+        'metadata.labels[gpu-webhook.io/workload] is "inference"', "own selection spec.nodeSelector[workload]=training",
+        "admits workload training", "remove the label or that selector",
+    ], id="label-contradicts-nodeselector"),
     pytest.param(gpu_pod("1", env=None) | {}, None, [], id="plain-allowed"),
 ]
 

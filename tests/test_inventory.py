@@ -56,6 +56,8 @@ PRODUCT_RULES = rules("""
           a100-40: {nodeSelector: {nvidia.com/gpu.product: NVIDIA-A100-SXM4-40GB}}
 """)
 MIG_RULES = rules("""
+  gpuResources:
+    "nvidia.com/mig-*": {validFor: {gpu-type: [a100-mig]}}
   classes:
     axes:
       gpu-type:

@@ -82,6 +82,7 @@ class Result:
             "namespace": self.namespace,
             "allowed": v.allowed,
             "class": v.gpu_class,
+            "chosen": list(v.choices),
             "gpus": v.gpus,
             "violations": [{"rule": f.rule, "message": f.message} for f in v.violations],
             "warnings": [f.render() for f in v.warnings],

@@ -129,6 +129,8 @@ def _print_human(policy: Policy, results: Sequence[checking.Result], out: TextIO
         gpu = f", {r.verdict.gpus} GPU" if r.verdict.gpus else ""
         gpu += f", class {r.verdict.gpu_class}" if r.verdict.gpu_class else ""
         out.write(f"{status} {r.kind} {r.namespace}/{r.name} ({r.manifest.where()}{gpu})\n")
+        for line in r.verdict.choices:
+            out.write(f"  class: {line}\n")
         for finding in r.verdict.violations:
             out.write(f"  deny: {finding.render()}\n")
         for finding in r.verdict.warnings:
@@ -198,6 +200,8 @@ def run_test(args: argparse.Namespace) -> int:
             print(f"{'FAIL' if outcome.problems else 'ok  '} {outcome.where}: {outcome.name}")
             for problem in outcome.problems:
                 print(f"     {problem}")
+            for line in outcome.chosen if args.verbose else ():
+                print(f"     class: {line}")
     print(f"{len(outcomes) - len(failed)} passed, {len(failed)} failed")
     return EXIT_DENIED if failed else EXIT_OK
 

@@ -6,8 +6,12 @@ nothing but its arguments. The checks, in the order a person would fix them:
 1. per container: GPU quantities parse, are whole and non-negative, are set in limits, and requests equal
    limits (the API server's own rules, said earlier and with a fix); per-container maxima;
 2. no GPUs in pod-level `spec.resources`;
-3. the Pod's class (one value per axis: Pod label, else namespace default, else cluster default) exists,
-   the namespace may use it, the effective GPU count fits it, and what the developer wrote agrees with it;
+3. the Pod's class, one value per axis, chosen in this order: the Pod's class label; what its own
+   nodeSelector and required node affinity select (`webhook.selection`, through the rules' aliases); what
+   its GPU resources exist on (`validFor`); the default another chosen value sets; the namespace default;
+   the cluster default. A value the Pod's own selection excludes is never chosen: the axis is then left
+   out, with a warning when the Pod names a GPU no value covers. The class must exist, the namespace may
+   use it, the effective GPU count fits it, and what the developer wrote agrees with it;
 4. GPU access the scheduler does not see (GPU env, runtime class or taint toleration without a request);
 5. then, for GPU Pods on CREATE: the class's nodeSelector, tolerations and other fields as edits (the
    mutating endpoint), or, at the validating endpoint, a violation when they are missing.
@@ -15,16 +19,18 @@ nothing but its arguments. The checks, in the order a person would fix them:
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import Any, NamedTuple
+from typing import Any, Literal, NamedTuple
 
-from webhook import inventory, pods, quantity
+from webhook import inventory, pods, quantity, selection
 from webhook.findings import Edit, Finding, Mode, Operation, Verdict
 from webhook.inventory import Snapshot
 from webhook.pods import ContainerRef, PodSpecRef, render_path
-from webhook.rules import ANNOTATION_PREFIX, Axis, Contribution, GPUResource, Policy
+from webhook.rules import ANNOTATION_PREFIX, Axis, Contribution, GPUResource, NamespacePolicy, Policy
+from webhook.selection import NO_SELECTION, Term
 
 MIRROR_ANNOTATION = "kubernetes.io/config.mirror"
 CLASS_ANNOTATION = ANNOTATION_PREFIX + "class"
@@ -54,11 +60,12 @@ class Context(NamedTuple):
 
 @dataclass
 class _Collector:
-    """Findings and edits gathered while one object is evaluated."""
+    """Findings, edits and how each class axis was chosen, gathered while one object is evaluated."""
 
     policy: Policy
     findings: list[Finding] = field(default_factory=list)
     edits: list[Edit] = field(default_factory=list)
+    choices: list[str] = field(default_factory=list)
 
     def add(self, rule: str, message: str) -> None:
         level = self.policy.enforcement_of(rule)
@@ -66,18 +73,42 @@ class _Collector:
             self.findings.append(Finding(rule, message, level))
 
 
-class ChosenClass(NamedTuple):
-    """The class a GPU Pod runs in: one (axis, value, how it was chosen) per axis, and its name."""
+class Pick(NamedTuple):
+    """One axis's value, how it was chosen, and whether its nodeSelector is injected: not when the Pod's own
+    selection already places it, nor when the live nodes show it would leave the Pod no node."""
 
-    picks: tuple[tuple[Axis, str, str], ...]
+    axis: Axis
+    value: str
+    how: str
+    inject: bool = True
+    defaulted: bool = False  # chosen by a default, not by the Pod's label, selection or resources
+
+
+class ChosenClass(NamedTuple):
+    """The class a GPU Pod runs in: one `Pick` per axis that contributes, its name, and the axes left out."""
+
+    picks: tuple[Pick, ...]
     name: str  # `workload=inference,gpu-type=t4`, or "default" when the policy has no axes
+    skipped: tuple[str, ...] = ()  # `gpu-type: left out (why)`
 
     @classmethod
-    def of(cls, picks: Sequence[tuple[Axis, str, str]]) -> ChosenClass:
-        return cls(tuple(picks), _class_name(tuple([(axis.name, value) for axis, value, _ in picks])))
+    def of(cls, picks: Sequence[Pick], skipped: Sequence[str] = ()) -> ChosenClass:
+        return cls(tuple(picks), _class_name(tuple([(p.axis.name, p.value) for p in picks])), tuple(skipped))
 
-    def contributions(self) -> list[tuple[str, Contribution]]:
-        return [(f"{axis.name} {value}", axis.values[value]) for axis, value, _ in self.picks]
+    def contributions(self) -> list[tuple[str, Contribution, bool]]:
+        """(source, contribution, whether its node placement is injected) per pick."""
+        return [(f"{p.axis.name} {p.value}", p.axis.values[p.value], p.inject) for p in self.picks]
+
+    def plan_key(self) -> str:
+        """The memo key of the class's plan: its name, and the axes whose placement is not injected."""
+        held = [p.axis.name for p in self.picks if not p.inject]
+        return self.name if not held else f"{self.name}/without:{','.join(held)}"
+
+    def explain(self) -> list[str]:
+        """How each axis was chosen or why it was left out, for `check` and `test`."""
+        told = [f"{p.axis.name}={p.value} from the {p.how}" + ("" if p.inject else " (nodeSelector not added)")
+                for p in self.picks]
+        return told + list(self.skipped)
 
 
 @lru_cache(maxsize=1024)
@@ -107,12 +138,14 @@ def evaluate(policy: Policy, obj: Mapping[str, Any] | None, ctx: Context) -> Ver
         if result is not None:
             gpu_class = result[0] or gpu_class
             total += result[1]
+    choices = tuple(collector.choices)
     if not collector.findings:  # the usual case: nothing to sort
-        return Verdict(edits=tuple(collector.edits), gpu_class=gpu_class, gpus=total)
+        return Verdict(edits=tuple(collector.edits), gpu_class=gpu_class, gpus=total, choices=choices)
     violations = tuple(f for f in collector.findings if f.enforcement == "deny")
     warnings = tuple(f for f in collector.findings if f.enforcement == "warn")
     edits = () if violations else tuple(collector.edits)
-    return Verdict(violations=violations, warnings=warnings, edits=edits, gpu_class=gpu_class, gpus=total)
+    return Verdict(violations=violations, warnings=warnings, edits=edits, gpu_class=gpu_class, gpus=total,
+                   choices=choices)
 
 
 def _placed_by_classes(policy: Policy, name: str) -> bool:
@@ -129,22 +162,27 @@ def _templates_unchanged(specs: Sequence[PodSpecRef], old: Mapping[str, Any]) ->
 
 def _evaluate_spec(policy: Policy, obj: Mapping[str, Any], ref: PodSpecRef, namespace: str, ctx: Context,
                    out: _Collector) -> tuple[str | None, int] | None:
-    """Check one pod spec; returns (class name or None, GPU count) for a GPU pod spec, None otherwise."""
+    """Check one pod spec; returns (class name or None, GPU count) for a GPU pod spec, None otherwise.
+
+    A spec whose GPU quantities are wrong is still a GPU spec: its class is judged too, so that every
+    independent problem is reported in one answer."""
+    before = len(out.findings)
     per_resource = _check_containers(policy, ref, out)
     _check_pod_level(policy, ref, out)
+    flawed = len(out.findings) > before  # some GPU quantity is wrong: the spec asks for GPUs all the same
     gpus = 0
     placed = False  # some container asks for a resource that the classes place
     for name, counts in per_resource.items():
         count = pods.effective_count(counts)
         gpus += count
-        placed = placed or (count > 0 and _placed_by_classes(policy, name))
+        placed = placed or ((count > 0 or flawed) and _placed_by_classes(policy, name))
     claims = inventory.gpu_claims(policy, ctx.inventory, namespace, ref.spec) if ctx.inventory else ()
-    if gpus == 0 and not claims:
+    if gpus == 0 and not claims and not flawed:
         _check_unaccounted_access(policy, ref, out)
         return None
     if not claims and not placed:
         return None, gpus
-    chosen = _choose_class(policy, ref, namespace, ctx, out)
+    chosen = _choose_class(policy, ref, namespace, ctx, per_resource, out)
     if chosen is None:
         return None, gpus
     _check_class_fit(policy, ref, chosen, per_resource, gpus, out)
@@ -157,7 +195,9 @@ def _evaluate_spec(policy: Policy, obj: Mapping[str, Any], ref: PodSpecRef, name
     edits = _class_edits(policy, ref, chosen)  # what the class adds: injected, checked or required below
     keep_runtime = True
     if ctx.inventory is not None:
-        keep_runtime = _check_inventory(policy, ref, chosen, edits, per_resource, ctx.inventory, ctx.mode, out)
+        chosen, edits, keep_runtime = _check_inventory(policy, ref, chosen, edits, per_resource, ctx.inventory,
+                                                       ctx.mode, out)
+    out.choices.extend(chosen.explain())
     if ctx.mode == "mutate":
         if (not ref.is_template or policy.mutate_templates) and obj.get("kind") in pods.KNOWN_KINDS:
             out.edits.extend(edits if keep_runtime else [e for e in edits if not _is_runtime_edit(ref, e)])
@@ -167,24 +207,62 @@ def _evaluate_spec(policy: Policy, obj: Mapping[str, Any], ref: PodSpecRef, name
     return chosen.name, gpus
 
 
-def _check_inventory(policy: Policy, ref: PodSpecRef, chosen: ChosenClass, edits: Sequence[Edit],
+def _check_inventory(policy: Policy, ref: PodSpecRef, chosen: ChosenClass, edits: list[Edit],
                      per_resource: Mapping[str, list[tuple[ContainerRef, int]]], snapshot: Snapshot, mode: Mode,
-                     out: _Collector) -> bool:
-    """The live-cluster checks of a GPU pod spec with its class `edits` (webhook.inventory); False: do not
-    inject runtimeClassName."""
+                     out: _Collector) -> tuple[ChosenClass, list[Edit], bool]:
+    """The live-cluster checks of a GPU pod spec with its class `edits` (webhook.inventory): the class with
+    the axes whose nodeSelector would leave the Pod no node held back, its edits, and False when
+    runtimeClassName must not be injected."""
     if not snapshot.synced:
         out.add("gpu-inventory-unavailable",
                 f"the cluster inventory is not synced ({snapshot.reason or 'starting'}): the checks against GPU "
                 "nodes and runtime classes were skipped; nothing to change in the Pod")
-        return True
-    if mode != "mutate":  # /validate judges the final Pod: nothing is injected there
-        edits = [e for e in edits if not _is_runtime_edit(ref, e)]
+        return chosen, edits, True
     requests = {name: pods.effective_count(counts) for name, counts in per_resource.items()
                 if _placed_by_classes(policy, name)}
-    result = inventory.assess(snapshot, inventory.placement(ref.spec, ref.spec_path, edits), requests, chosen.name)
+    spared = _spare_nodes(ref, chosen, snapshot, [name for name, count in requests.items() if count > 0], out)
+    if spared is not chosen:
+        chosen, edits = spared, _class_edits(policy, ref, spared)
+    judged = edits if mode == "mutate" else [e for e in edits if not _is_runtime_edit(ref, e)]
+    result = inventory.assess(snapshot, inventory.placement(ref.spec, ref.spec_path, judged), requests, chosen.name)
     for rule, message in result.findings:
         out.add(rule, message)
-    return result.keep_runtime_class
+    return chosen, edits, result.keep_runtime_class
+
+
+def _spare_nodes(ref: PodSpecRef, chosen: ChosenClass, snapshot: Snapshot, resources: Sequence[str],
+                 out: _Collector) -> ChosenClass:
+    """No harm on the live nodes: hold back, axis by axis, a default's nodeSelector that would leave the Pod
+    none of the GPU nodes its own selection matches (and say so). A value the Pod chose itself is kept (a class
+    label that matches no node is `gpu-class-no-node`'s to report). The class, unchanged when nothing is held."""
+    written = inventory.placement(ref.spec, ref.spec_path)
+    if not written.node_selector and not written.node_affinity:
+        return chosen  # a Pod that chose no nodes gets the platform's defaults (gpu-class-no-node tells if none fit)
+    matched = [n for n in snapshot.nodes if any(n.offers(r) > 0 for r in resources) and inventory.selects(n, written)]
+    if not matched:
+        return chosen  # the Pod as written matches no GPU node: the capacity checks say so
+    selector = dict(written.node_selector)
+    picks: list[Pick] = []
+    held = False
+    for pick in chosen.picks:
+        wanted = {k: v for k, v in pick.axis.values[pick.value].node_selector.items() if k not in selector}
+        if not pick.defaulted or not pick.inject or not wanted:  # the Pod's own choice is kept: its label
+            picks.append(pick)
+            continue
+        trial = dataclasses.replace(written, node_selector={**selector, **wanted})
+        if any(inventory.selects(n, trial) for n in matched):
+            selector.update(wanted)
+            picks.append(pick)
+            continue
+        held = True
+        picks.append(pick._replace(inject=False))
+        shown = ", ".join(n.name for n in matched[:3])
+        out.add("gpu-class-skipped",
+                f"{pick.axis.name} {pick.value} (from the {pick.how}) was not applied: its nodeSelector "
+                f"{', '.join(f'{k}={v}' for k, v in sorted(wanted.items()))} would leave the Pod no node, while as "
+                f"written it matches {len(matched)} GPU node{'s' if len(matched) != 1 else ''} ({shown}); label the "
+                f"Pod {pick.axis.label} like those nodes")
+    return ChosenClass.of(picks, chosen.skipped) if held else chosen
 
 
 def _is_runtime_edit(ref: PodSpecRef, edit: Edit) -> bool:
@@ -316,41 +394,152 @@ def _check_unaccounted_access(policy: Policy, ref: PodSpecRef, out: _Collector) 
 
 
 def _choose_class(policy: Policy, ref: PodSpecRef, namespace: str, ctx: Context,
-                  out: _Collector) -> ChosenClass | None:
+                  per_resource: Mapping[str, list[tuple[ContainerRef, int]]], out: _Collector) -> ChosenClass | None:
+    """One value per axis (see the module docstring for the order), or None when a label or the namespace
+    policy refuses the class; every axis is judged, so each refusal is reported."""
     labels = pods.mapping(ref.metadata.get("labels"))
     ns_labels = ctx.namespace_labels
     if ns_labels is None and ctx.inventory is not None:
         ns_labels = ctx.inventory.namespace_labels(namespace)
     ns_policy = policy.namespace_policy(namespace, labels=ns_labels)
-    picks: list[tuple[Axis, str, str]] = []
+    terms = selection.terms_of(ref.spec, ref.spec_path)
+    limits = _resource_limits(policy, per_resource)
+    picked: dict[str, Pick] = {}
+    skipped: list[str] = []
+    undecided: list[Axis] = []
     ok = True
-    for axis in policy.axes:
-        label_value = labels.get(axis.label)
-        if label_value is not None:
-            value, how = str(label_value), f"label {axis.label}"
-        elif ns_policy and axis.name in ns_policy.defaults:
-            via = f" (namespaceSelectors.{ns_policy.name})" if ns_policy.match_labels else ""
-            value, how = ns_policy.defaults[axis.name], f"namespace {namespace} default{via}"
-        elif axis.default is not None:
-            value, how = axis.default, "cluster default"
-        else:
+    for axis in policy.axes:  # first what the Pod itself says: its label, its selection, its resources
+        if terms is NO_SELECTION and labels.get(axis.label) is None and axis.name not in limits:
+            undecided.append(axis)  # the usual Pod says nothing about its class
             continue
+        said = _said_by_pod(ref, axis, labels, terms, limits.get(axis.name), out, skipped)
+        if said == "open":
+            undecided.append(axis)
+        elif isinstance(said, Pick) and _allowed(axis, said, namespace, ns_policy, out):
+            picked[axis.name] = said
+            terms = selection.keep_terms(axis, said.value, terms)
+        elif said != "left out":
+            ok = False
+    for axis in undecided:  # then the defaults, within what the Pod's selection and resources admit
+        admits = _admitted(axis, terms, limits.get(axis.name))
+        offered = _defaults(policy, axis, picked, ns_policy, namespace)
+        pick = next((Pick(axis, value, how, defaulted=True) for value, how in offered
+                     if admits is None or value in admits), None)
+        if pick is None:
+            if offered and admits is not None:
+                skipped.append(f"{axis.name}: left out: no default is one of the values the Pod admits "
+                               f"({', '.join(sorted(admits))})")
+            continue
+        if _allowed(axis, pick, namespace, ns_policy, out):
+            picked[axis.name] = pick
+            terms = selection.keep_terms(axis, pick.value, terms)
+        else:
+            ok = False
+    if not ok:
+        return None
+    return ChosenClass.of([picked[a.name] for a in policy.axes if a.name in picked], skipped)
+
+
+_Limit = tuple[frozenset[str], str, ContainerRef]  # the values a resource exists on, its name, who asks
+_Unsaid = Literal["open", "refused", "left out"]
+
+
+def _resource_limits(policy: Policy, per_resource: Mapping[str, list[tuple[ContainerRef, int]]]) -> dict[str, _Limit]:
+    """Per axis, the values every GPU resource of the spec exists on (`validFor`), the resource and a container
+    that asks for it."""
+    limits: dict[str, _Limit] = {}
+    for name, counts in per_resource.items():
+        resource = policy.gpu_resource(name)
+        if resource is None or not resource.valid_for:
+            continue
+        for axis_name, values in resource.valid_for.items():
+            known = limits.get(axis_name)
+            limits[axis_name] = (values if known is None else known[0] & values, name, counts[0][0])
+    return limits
+
+
+def _admitted(axis: Axis, terms: tuple[Term, ...], limit: _Limit | None) -> frozenset[str] | None:
+    """The values the Pod's selection and resources leave open for the axis (None: all of them)."""
+    admits = None if terms is NO_SELECTION else selection.candidates(axis, terms)
+    if limit is not None:
+        admits = limit[0] if admits is None else admits & limit[0]
+    return admits
+
+
+def _said_by_pod(ref: PodSpecRef, axis: Axis, labels: Mapping[str, Any], terms: tuple[Term, ...],
+                 limit: _Limit | None, out: _Collector, skipped: list[str]) -> Pick | _Unsaid:
+    """The axis value the Pod's label, own selection or resources determine, else "open" when they leave it
+    to the defaults, "refused" when they contradict each other or the rules (reported), "left out" when
+    the Pod names a GPU the axis does not cover (warned)."""
+    selected = None if terms is NO_SELECTION else selection.candidates(axis, terms)
+    label_value = labels.get(axis.label)
+    if label_value is not None:
+        value = str(label_value)
+        label_at = f"{render_path((*ref.metadata_path, 'labels'))}[{axis.label}]"
         if value not in axis.values:
             out.add("gpu-class-unknown",
-                    f'{render_path((*ref.metadata_path, "labels"))}[{axis.label}]: "{value}" is not a {axis.name} '
-                    "class; choose one of: "
-                    f"{', '.join(axis.values)}")
-            ok = False
-            continue
-        allowed = ns_policy.allowed.get(axis.name) if ns_policy else None
-        if allowed is not None and value not in allowed:
-            out.add("gpu-class-not-allowed",
-                    f"namespace {namespace} may not use {axis.name} {value} (from the {how}); set the label "
-                    f"{axis.label} to one of: {', '.join(allowed)}")
-            ok = False
-            continue
-        picks.append((axis, value, how))
-    return ChosenClass.of(picks) if ok else None
+                    f'{label_at}: "{value}" is not a {axis.name} class; choose one of: {", ".join(axis.values)}')
+            return "refused"
+        if selected is not None and value not in selected:
+            names = f"{axis.name} {', '.join(sorted(selected))}" if selected else f"no {axis.name} value of the rules"
+            out.add("gpu-class-conflict",
+                    f'{label_at} is "{value}" but the Pod\'s own selection {selection.describe(axis, terms)} '
+                    f"admits {names}; remove the label or that selector, so that only one of them names the GPU")
+            return "refused"
+        if limit is not None and value not in limit[0]:
+            out.add("gpu-class-conflict",
+                    f'{label_at} is "{value}" but {limit[2].where()} asks for {limit[1]}, which exists only on '
+                    f"{axis.name} {', '.join(sorted(limit[0]))}; set the label to one of those, or ask for "
+                    "another resource")
+            return "refused"
+        return Pick(axis, value, f"label {axis.label}")
+    admits = _admitted(axis, terms, limit)
+    if selected is not None and not selected:
+        _skip(axis, out, skipped, f"{selection.describe(axis, terms)} selects a GPU that no {axis.name} value of the "
+              f"rules covers ({', '.join(axis.values)}), so {axis.name} is left as the Pod chose it (a class label "
+              f"would replace that selector); label {axis.label} or add the GPU to the rules")
+        return "left out"
+    if admits is not None and not admits and limit is not None:
+        _skip(axis, out, skipped, f"{selection.describe(axis, terms)} selects {axis.name} "
+              f"{', '.join(sorted(selected or ()))} but {limit[2].where()} asks for {limit[1]}, which exists only on "
+              f"{axis.name} {', '.join(sorted(limit[0]))}: no node has both; select a GPU with {limit[1]} or "
+              "another resource")
+        return "left out"
+    if selected is not None and len(selected) == 1:
+        return Pick(axis, next(iter(selected)), f"Pod's own selection {selection.describe(axis, terms)}", False)
+    if admits is not None and len(admits) == 1 and limit is not None:
+        return Pick(axis, next(iter(admits)), f"resource {limit[1]} ({limit[2].where()})")
+    return "open"
+
+
+def _skip(axis: Axis, out: _Collector, skipped: list[str], message: str) -> None:
+    out.add("gpu-class-skipped", message)
+    skipped.append(f"{axis.name}: left out: {message.split('; ')[0]}")
+
+
+def _defaults(policy: Policy, axis: Axis, picked: Mapping[str, Pick], ns_policy: NamespacePolicy | None,
+              namespace: str) -> list[tuple[str, str]]:
+    """The defaults for an axis the Pod left open, first first: those the chosen values of other axes set,
+    the namespace's, the cluster's."""
+    offered = [(d, f"default of {p.axis.name} {p.value}") for p in picked.values()
+               if (d := p.axis.values[p.value].defaults.get(axis.name)) is not None]
+    if ns_policy and axis.name in ns_policy.defaults:
+        via = f" (namespaceSelectors.{ns_policy.name})" if ns_policy.match_labels else ""
+        offered.append((ns_policy.defaults[axis.name], f"namespace {namespace} default{via}"))
+    if axis.default is not None:
+        offered.append((axis.default, "cluster default"))
+    return offered
+
+
+def _allowed(axis: Axis, pick: Pick, namespace: str, ns_policy: NamespacePolicy | None, out: _Collector) -> bool:
+    """Whether the namespace may use the value (reported when not)."""
+    allowed = ns_policy.allowed.get(axis.name) if ns_policy else None
+    if allowed is None or pick.value in allowed:
+        return True
+    out.add("gpu-class-not-allowed",
+            f"namespace {namespace} may not use {axis.name} {pick.value} (from the {pick.how}); set the label "
+            f"{axis.label} to one of: {', '.join(allowed)}")
+    return False
 
 
 def _check_class_fit(policy: Policy, ref: PodSpecRef, chosen: ChosenClass,
@@ -363,16 +552,7 @@ def _check_class_fit(policy: Policy, ref: PodSpecRef, chosen: ChosenClass,
                 f"container) but class {chosen.name} allows at most {cap} (set by {source}); ask for fewer, or pick a "
                 "class that allows more with the class labels")
     spec, spec_path = ref.spec, ref.spec_path
-    selector = pods.mapping(spec.get("nodeSelector"))
-    for kind, key, wanted, source in plan.required:
-        if kind == "nodeSelector":
-            mine = selector.get(key)
-            if mine is not None and mine != wanted:
-                out.add("gpu-class-conflict",
-                        f'{render_path((*spec_path, "nodeSelector"))}[{key}] is "{mine}" but class {chosen.name} '
-                        f'({source}) requires "{wanted}"; remove it from the Pod (the webhook adds it) or pick the '
-                        "class you meant with the class labels")
-            continue
+    for key, wanted, source in plan.required:
         mine = spec.get(key)
         defaulted = key == "schedulerName" and mine == DEFAULT_SCHEDULER
         if isinstance(mine, str) and mine and mine != wanted and not defaulted:
@@ -405,39 +585,40 @@ class ClassPlan:
     labels: Mapping[str, str]
     annotations: Mapping[str, str]
     cap: tuple[int, str] | None  # the class maximum and the axis value that sets it
-    required: tuple[tuple[str, str, str, str], ...]  # (kind, key, value, source): nodeSelector keys and fields
+    required: tuple[tuple[str, str, str], ...]  # (field, value, source): the single-valued fields axis values require
 
 
 def _plan(policy: Policy, chosen: ChosenClass) -> ClassPlan:
     """The merged plan of a class, memoised on the (immutable) policy."""
-    plan: ClassPlan | None = policy.plans.get(chosen.name)
+    key = chosen.plan_key()
+    plan: ClassPlan | None = policy.plans.get(key)
     if plan is not None:
         return plan
-    contributions = [policy.common, *(c for _, c in chosen.contributions())]
+    contributions = [policy.common, *(c for _, c, _ in chosen.contributions())]
+    placing = [policy.common, *(c for _, c, inject in chosen.contributions() if inject)]
     selector: dict[str, str] = {}
     tolerations: list[Mapping[str, Any]] = []
     fields: dict[str, str] = {}
     labels: dict[str, str] = {}
     annotations: dict[str, str] = {}
+    for c in placing:
+        for label, value in c.node_selector.items():
+            selector.setdefault(label, value)
     for c in contributions:
-        for key, value in c.node_selector.items():
-            selector.setdefault(key, value)
         tolerations.extend(t for t in c.tolerations if not _covered(tolerations, t))
         for name, wanted in _class_fields(c):
             fields[name] = wanted  # an axis value's requirement wins over `common`'s default
-        for key, value in c.labels.items():
-            labels.setdefault(key, value)
-        for key, value in c.annotations.items():
-            annotations.setdefault(key, value)
-    affinity = next((c.node_affinity for c in contributions if c.node_affinity), None)
-    caps = [(c.max_gpus_per_pod, source) for source, c in chosen.contributions() if c.max_gpus_per_pod]
-    required = [("nodeSelector", k, v, source)
-                for source, c in chosen.contributions() for k, v in c.node_selector.items()]
-    required += [("field", k, v, source) for source, c in chosen.contributions() for k, v in _class_fields(c)]
+        for name, value in c.labels.items():
+            labels.setdefault(name, value)
+        for name, value in c.annotations.items():
+            annotations.setdefault(name, value)
+    affinity = next((c.node_affinity for c in placing if c.node_affinity), None)
+    caps = [(c.max_gpus_per_pod, source) for source, c, _ in chosen.contributions() if c.max_gpus_per_pod]
+    required = [(k, v, source) for source, c, _ in chosen.contributions() for k, v in _class_fields(c)]
     plan = ClassPlan(selector, tuple(tolerations), tuple(fields.items()), affinity, labels, annotations,
                      min(caps) if caps else None, tuple(required))
     if len(policy.plans) < 1024:
-        policy.plans[chosen.name] = plan
+        policy.plans[key] = plan
     return plan
 
 

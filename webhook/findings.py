@@ -55,6 +55,7 @@ class Verdict(NamedTuple):
     gpu_class: str | None = None
     gpus: int = 0
     notes: tuple[str, ...] = ()
+    choices: tuple[str, ...] = ()  # how each class axis was chosen, or why it was left out
 
     @property
     def allowed(self) -> bool:

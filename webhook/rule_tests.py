@@ -17,6 +17,7 @@ A test file is YAML of kind `GPUPolicyTest`:
           violations: [rule-id]   # the exact set of denying rule ids (default: none)
           warnings: [rule-id]     # the exact set of warning rule ids, when given
           class: workload=inference,gpu-type=t4
+          chosen: [gpu-type=a100 from the Pod's own selection]  # each a part of one line of how the class was chosen
           patched: {...}          # must be contained in the object after the patch (lists: each item found)
           absent: [/spec/affinity]  # JSON Pointers that must not exist after the patch
           patch: false            # true: a patch is expected; false: none
@@ -54,6 +55,7 @@ class CaseOutcome:
     where: str
     name: str
     problems: tuple[str, ...]
+    chosen: tuple[str, ...] = ()  # how each class axis was chosen (`test -v` prints it)
 
 
 def run_directory(directory: Path) -> list[CaseOutcome]:
@@ -110,7 +112,7 @@ def _run_case(policy: Policy, path: Path, index: int, case: Any) -> CaseOutcome:
         again = decide(policy, outcome.patched, namespace, operation, mode)
         if again.patch:
             problems.append(f"not idempotent: a second pass patches again: {again.patch}")
-    return CaseOutcome(f"{path}#{index}", name, tuple(problems))
+    return CaseOutcome(f"{path}#{index}", name, tuple(problems), outcome.verdict.choices)
 
 
 def _case_object(path: Path, index: int, case: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -144,6 +146,9 @@ def _compare(expect: Mapping[str, Any], verdict: Any, patch: list[dict[str, Any]
             problems.append(f"warnings: expected {sorted(expect['warnings'] or [])}, got {got_warnings}")
     if "class" in expect and expect["class"] != verdict.gpu_class:
         problems.append(f"class: expected {expect['class']}, got {verdict.gpu_class}")
+    for told in expect.get("chosen") or []:
+        if not any(str(told) in line for line in verdict.choices):
+            problems.append(f"chosen: no line contains {told!r}; the class was chosen: {'; '.join(verdict.choices)}")
     if "patch" in expect and bool(expect["patch"]) != bool(patch):
         problems.append(f"patch: expected {'one' if expect['patch'] else 'none'}, got {patch}")
     if "patched" in expect and not contains(patched, expect["patched"]):

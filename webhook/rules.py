@@ -18,6 +18,7 @@ import difflib
 import fnmatch
 import hashlib
 import json
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cache, cached_property
@@ -46,7 +47,10 @@ RULES: dict[str, tuple[Enforcement, str]] = {
     "gpu-class-max": ("deny", "more GPUs in the Pod than its class allows"),
     "gpu-class-unknown": ("deny", "a class label value the rules do not define"),
     "gpu-class-not-allowed": ("deny", "a class the namespace may not use"),
-    "gpu-class-conflict": ("deny", "the Pod's own nodeSelector or runtimeClassName contradicts its class"),
+    "gpu-class-conflict": ("deny", "a class label, or the class, contradicts the Pod's own selection, GPU resource "
+                                   "or runtimeClassName"),
+    "gpu-class-skipped": ("warn", "a class axis left out: the Pod selects a GPU no value covers, or the value "
+                                  "would leave it no node"),
     "gpu-class-missing": ("deny", "a GPU Pod at /validate lacks what its class requires"),
     "gpu-env-without-request": ("warn", "NVIDIA_VISIBLE_DEVICES set without a GPU request"),
     "gpu-runtime-without-request": ("warn", "a GPU runtime class without a GPU request"),
@@ -64,6 +68,32 @@ class RuleError(ValueError):
 
 
 @dataclass(frozen=True)
+class LabelValues:
+    """The values one node label key has on the nodes of an axis value: literals and `*`/`?` globs, compiled
+    once when the rules load. `certain`: every node of the value carries the key (the value's own
+    nodeSelector); an alias key may be missing on some of its nodes (a GKE node has no Karpenter label)."""
+
+    key: str
+    patterns: tuple[str, ...]
+    certain: bool = False
+    literals: frozenset[str] = frozenset()
+    globs: re.Pattern[str] | None = None
+
+    @classmethod
+    def of(cls, key: str, patterns: Sequence[str], certain: bool = False) -> LabelValues:
+        literals = frozenset(p for p in patterns if not _is_glob(p))
+        globbed = [fnmatch.translate(p) for p in patterns if _is_glob(p)]
+        return cls(key, tuple(patterns), certain, literals, re.compile("|".join(globbed)) if globbed else None)
+
+    def matches(self, value: str) -> bool:
+        return value in self.literals or (self.globs is not None and self.globs.match(value) is not None)
+
+
+def _is_glob(pattern: str) -> bool:
+    return "*" in pattern or "?" in pattern
+
+
+@dataclass(frozen=True)
 class Contribution:
     """What a class axis value (or every GPU Pod, for `common`) adds to a Pod. Treat as read-only."""
 
@@ -76,16 +106,23 @@ class Contribution:
     labels: Mapping[str, str] = field(default_factory=dict)
     annotations: Mapping[str, str] = field(default_factory=dict)
     max_gpus_per_pod: int | None = None
+    aliases: Mapping[str, LabelValues] = field(default_factory=dict)  # node label key -> values (own selector too)
+    defaults: Mapping[str, str] = field(default_factory=dict)  # other axis -> its default when this value is chosen
 
 
 @dataclass(frozen=True)
 class Axis:
-    """One dimension of the class map: the Pod label that picks it, its default and its values."""
+    """One dimension of the class map: the Pod label that picks it, its default and its values.
+
+    `keys` are the node label keys that say which value a node is (`nodeLabels`, every value's aliases and
+    nodeSelector keys): a Pod whose own selection constrains one of them has chosen, or excluded, values.
+    """
 
     name: str
     label: str
     default: str | None
     values: Mapping[str, Contribution]
+    keys: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -96,6 +133,7 @@ class GPUResource:
     max_per_container: int | None = None
     reason: str | None = None
     classes: bool = True
+    valid_for: Mapping[str, frozenset[str]] = field(default_factory=dict)  # axis -> the values it exists on
 
     def matches(self, name: str) -> bool:
         return fnmatch.fnmatchcase(name, self.pattern)
@@ -266,6 +304,9 @@ def _expectation(err: jsonschema.ValidationError) -> str:
         return f"must be one of {', '.join(map(repr, value))}, got {err.instance!r}"
     if validator == "type":
         return f"expected {value if isinstance(value, str) else ' or '.join(value)}, got {_json_type(err.instance)}"
+    if validator == "pattern" and "glob" in str(cast(Mapping[str, Any], err.schema).get("description", "")):
+        return (f"{err.instance!r} is not a label value or a glob of one: letters, digits, '-', '_', '.', with * "
+                "for any run of characters and ? for one; it starts and ends with one of those")
     if validator == "pattern":
         return f"{err.instance!r} is not a valid name here (Kubernetes label/DNS syntax: letters, digits, '-', '.')"
     if validator == "minimum":
@@ -349,20 +390,25 @@ def _build(spec: Mapping[str, Any], origin: _Origin, sources: tuple[str, ...]) -
         return RuleError(f"{where}: {render_path(path)}: {problem}")
 
     classes = spec.get("classes") or {}
-    axes = tuple(
-        Axis(
-            name=name,
-            label=body["label"],
-            default=body.get("default"),
-            values={value: _contribution(c) for value, c in body["values"].items()},
-        )
-        for name, body in (classes.get("axes") or {}).items()
-    )
+    axes = tuple(_axis(name, body) for name, body in (classes.get("axes") or {}).items())
     by_name = {a.name: a for a in axes}
     for axis in axes:
+        base = ("spec", "classes", "axes", axis.name)
         if axis.default is not None and axis.default not in axis.values:
-            raise fail(("spec", "classes", "axes", axis.name, "default"),
-                       f'"{axis.default}" is not one of the values: {", ".join(axis.values)}')
+            raise fail((*base, "default"), f'"{axis.default}" is not one of the values: {", ".join(axis.values)}')
+        raw_values = ((classes.get("axes") or {}).get(axis.name) or {}).get("values") or {}
+        for value, contribution in axis.values.items():
+            raw = raw_values.get(value) or {}
+            for key in sorted(set(raw.get("aliases") or ()) & set(raw.get("nodeSelector") or ())):
+                raise fail((*base, "values", value, "aliases", key),
+                           f'"{key}" is already this value\'s nodeSelector key; an alias names other keys: remove it')
+            for other, chosen in contribution.defaults.items():
+                target = by_name.get(other)
+                where: tuple[str, ...] = (*base, "values", value, "defaults", other)
+                if target is None or target is axis:
+                    raise fail(where, f'"{other}" is not another class axis; axes are: {", ".join(by_name)}')
+                if chosen not in target.values:
+                    raise fail(where, f'"{chosen}" is not a {other} value; choose from {", ".join(target.values)}')
 
     def namespace_entry(base: tuple[str, ...], body: Mapping[str, Any], name: str) -> NamespacePolicy:
         for part in ("defaults", "allowed"):
@@ -399,11 +445,21 @@ def _build(spec: Mapping[str, Any], origin: _Origin, sources: tuple[str, ...]) -
             raise fail(("spec", "enforcement", rule), f'unknown rule id "{rule}"{hint}')
         enforcement[rule] = level
 
-    resources = tuple(
+    resources: tuple[GPUResource, ...] = tuple(
         GPUResource(pattern=name, max_per_container=(body or {}).get("maxPerContainer"),
-                    reason=(body or {}).get("reason"), classes=(body or {}).get("classes", True))
+                    reason=(body or {}).get("reason"), classes=(body or {}).get("classes", True),
+                    valid_for={k: frozenset(v) for k, v in ((body or {}).get("validFor") or {}).items()})
         for name, body in (spec.get("gpuResources") or {}).items()
     )
+    for resource in resources:
+        for axis_name, values in resource.valid_for.items():
+            where = ("spec", "gpuResources", resource.pattern, "validFor", axis_name)
+            found = by_name.get(axis_name)
+            if found is None:
+                raise fail(where, f'no class axis "{axis_name}"; axes are: {", ".join(by_name) or "(none)"}')
+            unknown = sorted(values - set(found.values))
+            if unknown:
+                raise fail(where, f'"{unknown[0]}" is not a {axis_name} value; choose from {", ".join(found.values)}')
     common = _contribution(classes.get("common") or {})
     runtime_classes = set(spec.get("gpuRuntimeClasses") or [])
     digest = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:12]
@@ -423,10 +479,23 @@ def _build(spec: Mapping[str, Any], origin: _Origin, sources: tuple[str, ...]) -
     )
 
 
+def _axis(name: str, body: Mapping[str, Any]) -> Axis:
+    values = {value: _contribution(c) for value, c in body["values"].items()}
+    keys = set(body.get("nodeLabels") or ())
+    for contribution in values.values():
+        keys.update(contribution.aliases)
+    return Axis(name=name, label=body["label"], default=body.get("default"), values=values, keys=frozenset(keys))
+
+
 def _contribution(body: Mapping[str, Any]) -> Contribution:
     affinity = body.get("affinity") or {}
+    selector = {str(k): str(v) for k, v in (body.get("nodeSelector") or {}).items()}
+    aliases = {key: LabelValues.of(key, [value], certain=True) for key, value in selector.items()}
+    for key, patterns in (body.get("aliases") or {}).items():
+        if key not in aliases:
+            aliases[key] = LabelValues.of(key, [str(p) for p in patterns])
     return Contribution(
-        node_selector=dict(body.get("nodeSelector") or {}),
+        node_selector=selector,
         tolerations=tuple(dict(t) for t in body.get("tolerations") or ()),
         node_affinity=affinity.get("nodeAffinity"),
         runtime_class_name=body.get("runtimeClassName"),
@@ -435,4 +504,6 @@ def _contribution(body: Mapping[str, Any]) -> Contribution:
         labels=dict(body.get("labels") or {}),
         annotations=dict(body.get("annotations") or {}),
         max_gpus_per_pod=body.get("maxGPUsPerPod"),
+        aliases=aliases,
+        defaults=dict(body.get("defaults") or {}),
     )
