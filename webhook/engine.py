@@ -60,12 +60,12 @@ class Context(NamedTuple):
 
 @dataclass
 class _Collector:
-    """Findings, edits and how each class axis was chosen, gathered while one object is evaluated."""
+    """Findings, edits and the classes chosen, gathered while one object is evaluated."""
 
     policy: Policy
     findings: list[Finding] = field(default_factory=list)
     edits: list[Edit] = field(default_factory=list)
-    choices: list[str] = field(default_factory=list)
+    classes: list[ChosenClass] = field(default_factory=list)
 
     def add(self, rule: str, message: str) -> None:
         level = self.policy.enforcement_of(rule)
@@ -89,20 +89,18 @@ class ChosenClass(NamedTuple):
 
     picks: tuple[Pick, ...]
     name: str  # `workload=inference,gpu-type=t4`, or "default" when the policy has no axes
-    skipped: tuple[str, ...] = ()  # `gpu-type: left out (why)`
+    skipped: tuple[str, ...] = ()  # `gpu-type: left out: why`
+    plan_key: str = ""  # the memo key of its plan: the name, and the axes whose placement is not injected
 
     @classmethod
     def of(cls, picks: Sequence[Pick], skipped: Sequence[str] = ()) -> ChosenClass:
-        return cls(tuple(picks), _class_name(tuple([(p.axis.name, p.value) for p in picks])), tuple(skipped))
+        name = _class_name(tuple([(p.axis.name, p.value) for p in picks]))
+        held = [p.axis.name for p in picks if not p.inject]
+        return cls(tuple(picks), name, tuple(skipped), f"{name}/without:{','.join(held)}" if held else name)
 
     def contributions(self) -> list[tuple[str, Contribution, bool]]:
         """(source, contribution, whether its node placement is injected) per pick."""
         return [(f"{p.axis.name} {p.value}", p.axis.values[p.value], p.inject) for p in self.picks]
-
-    def plan_key(self) -> str:
-        """The memo key of the class's plan: its name, and the axes whose placement is not injected."""
-        held = [p.axis.name for p in self.picks if not p.inject]
-        return self.name if not held else f"{self.name}/without:{','.join(held)}"
 
     def explain(self) -> list[str]:
         """How each axis was chosen or why it was left out, for `check` and `test`."""
@@ -138,14 +136,14 @@ def evaluate(policy: Policy, obj: Mapping[str, Any] | None, ctx: Context) -> Ver
         if result is not None:
             gpu_class = result[0] or gpu_class
             total += result[1]
-    choices = tuple(collector.choices)
+    classes = tuple(collector.classes)
     if not collector.findings:  # the usual case: nothing to sort
-        return Verdict(edits=tuple(collector.edits), gpu_class=gpu_class, gpus=total, choices=choices)
+        return Verdict(edits=tuple(collector.edits), gpu_class=gpu_class, gpus=total, classes=classes)
     violations = tuple(f for f in collector.findings if f.enforcement == "deny")
     warnings = tuple(f for f in collector.findings if f.enforcement == "warn")
     edits = () if violations else tuple(collector.edits)
     return Verdict(violations=violations, warnings=warnings, edits=edits, gpu_class=gpu_class, gpus=total,
-                   choices=choices)
+                   classes=classes)
 
 
 def _placed_by_classes(policy: Policy, name: str) -> bool:
@@ -197,7 +195,7 @@ def _evaluate_spec(policy: Policy, obj: Mapping[str, Any], ref: PodSpecRef, name
     if ctx.inventory is not None:
         chosen, edits, keep_runtime = _check_inventory(policy, ref, chosen, edits, per_resource, ctx.inventory,
                                                        ctx.mode, out)
-    out.choices.extend(chosen.explain())
+    out.classes.append(chosen)
     if ctx.mode == "mutate":
         if (not ref.is_template or policy.mutate_templates) and obj.get("kind") in pods.KNOWN_KINDS:
             out.edits.extend(edits if keep_runtime else [e for e in edits if not _is_runtime_edit(ref, e)])
@@ -422,11 +420,9 @@ def _choose_class(policy: Policy, ref: PodSpecRef, namespace: str, ctx: Context,
             ok = False
     for axis in undecided:  # then the defaults, within what the Pod's selection and resources admit
         admits = _admitted(axis, terms, limits.get(axis.name))
-        offered = _defaults(policy, axis, picked, ns_policy, namespace)
-        pick = next((Pick(axis, value, how, defaulted=True) for value, how in offered
-                     if admits is None or value in admits), None)
-        if pick is None:
-            if offered and admits is not None:
+        pick = _default(axis, picked, ns_policy, namespace, admits)
+        if not isinstance(pick, Pick):
+            if pick and admits is not None:
                 skipped.append(f"{axis.name}: left out: no default is one of the values the Pod admits "
                                f"({', '.join(sorted(admits))})")
             continue
@@ -517,17 +513,27 @@ def _skip(axis: Axis, out: _Collector, skipped: list[str], message: str) -> None
     skipped.append(f"{axis.name}: left out: {message.split('; ')[0]}")
 
 
-def _defaults(policy: Policy, axis: Axis, picked: Mapping[str, Pick], ns_policy: NamespacePolicy | None,
-              namespace: str) -> list[tuple[str, str]]:
-    """The defaults for an axis the Pod left open, first first: those the chosen values of other axes set,
-    the namespace's, the cluster's."""
-    offered = [(d, f"default of {p.axis.name} {p.value}") for p in picked.values()
-               if (d := p.axis.values[p.value].defaults.get(axis.name)) is not None]
+def _default(axis: Axis, picked: Mapping[str, Pick], ns_policy: NamespacePolicy | None, namespace: str,
+             admits: frozenset[str] | None) -> Pick | bool:
+    """The first default the Pod admits, for an axis it left open: the one a chosen value of another axis sets,
+    the namespace's, the cluster's. Else whether there was a default at all (the Pod excluded them)."""
+    offered = False
+    for other in picked.values():
+        value = other.axis.values[other.value].defaults.get(axis.name)
+        if value is not None:
+            if admits is None or value in admits:
+                return Pick(axis, value, f"default of {other.axis.name} {other.value}", True, True)
+            offered = True
     if ns_policy and axis.name in ns_policy.defaults:
-        via = f" (namespaceSelectors.{ns_policy.name})" if ns_policy.match_labels else ""
-        offered.append((ns_policy.defaults[axis.name], f"namespace {namespace} default{via}"))
+        value = ns_policy.defaults[axis.name]
+        if admits is None or value in admits:
+            via = f" (namespaceSelectors.{ns_policy.name})" if ns_policy.match_labels else ""
+            return Pick(axis, value, f"namespace {namespace} default{via}", True, True)
+        offered = True
     if axis.default is not None:
-        offered.append((axis.default, "cluster default"))
+        if admits is None or axis.default in admits:
+            return Pick(axis, axis.default, "cluster default", True, True)
+        offered = True
     return offered
 
 
@@ -590,7 +596,7 @@ class ClassPlan:
 
 def _plan(policy: Policy, chosen: ChosenClass) -> ClassPlan:
     """The merged plan of a class, memoised on the (immutable) policy."""
-    key = chosen.plan_key()
+    key = chosen.plan_key
     plan: ClassPlan | None = policy.plans.get(key)
     if plan is not None:
         return plan

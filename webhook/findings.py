@@ -7,7 +7,7 @@ the same small set of frozen values.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal, NamedTuple
+from typing import Any, Literal, NamedTuple, Protocol
 
 Enforcement = Literal["deny", "warn", "off"]
 Operation = Literal["CREATE", "UPDATE", "DELETE", "CONNECT"]
@@ -46,6 +46,12 @@ class Edit(NamedTuple):
     value: Any = None
 
 
+class Explains(Protocol):
+    """Something that says in words how it was decided (the engine's chosen class, axis by axis)."""
+
+    def explain(self) -> list[str]: ...
+
+
 class Verdict(NamedTuple):
     """What the engine decided for one object (a NamedTuple, like Edit: one is made on every admission)."""
 
@@ -55,11 +61,17 @@ class Verdict(NamedTuple):
     gpu_class: str | None = None
     gpus: int = 0
     notes: tuple[str, ...] = ()
-    choices: tuple[str, ...] = ()  # how each class axis was chosen, or why it was left out
+    classes: tuple[Explains, ...] = ()  # each pod spec's chosen class, explained only when asked (`choices`)
 
     @property
     def allowed(self) -> bool:
         return not self.violations
+
+    @property
+    def choices(self) -> tuple[str, ...]:
+        """How each class axis was chosen, or why it was left out (for `check` and `test`; the server never
+        asks, so the words are not made per review)."""
+        return tuple(line for chosen in self.classes for line in chosen.explain())
 
     @property
     def rules(self) -> tuple[str, ...]:
