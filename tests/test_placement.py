@@ -134,6 +134,9 @@ def test_the_webhook_never_leaves_a_pod_without_the_nodes_it_selected(pod: dict[
     after = admitted(nodes, outcome.patched["spec"])
     assert after, (f"the Pod as written matches {len(before)} model node(s), e.g. {dict(before[0].labels)}; "
                    f"after the patch none: {outcome.patch}; chosen: {outcome.verdict.choices}")
+    final = decide(policy(), outcome.patched, "default", mode="validate").verdict
+    assert final.allowed, f"the validating endpoint disagrees with the mutating one: {final.message()}"
+    assert final.gpu_class == outcome.verdict.gpu_class
 
 
 @SETTINGS
