@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# Builds helm (helm.sh/helm/v4/cmd/helm, the `tool` of tests/e2e/helm/go.mod) from the Go module proxy into a
+# cache outside the repository, as build.sh does for the control plane:
+#   ${GPU_WEBHOOK_E2E_CACHE:-$HOME/.cache/gpu-webhook-e2e}/helm-<version>/bin/helm
+# The bin directory is printed as the last line.
+# Idempotent: a stamp holds the hash of go.mod, go.sum, this script and `go version`; when it matches and the
+# binary is there, nothing is rebuilt (a warm run takes well under a second).
+# Options: --force rebuilds; --print-dir prints the bin directory and exits (no build).
+set -euo pipefail
+
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+module="$here/helm"
+force=0
+print_only=0
+for arg in "$@"; do
+    case "$arg" in
+        --force) force=1 ;;
+        --print-dir) print_only=1 ;;
+        *) echo "usage: $0 [--force] [--print-dir]" >&2; exit 2 ;;
+    esac
+done
+
+helm_version="$(awk '$1 == "helm.sh/helm/v4" && $2 ~ /^v/ {print $2; exit}' "$module/go.mod")"
+if [[ -z "$helm_version" ]]; then
+    echo "build_helm.sh: cannot read the helm.sh/helm/v4 version from helm/go.mod" >&2
+    exit 1
+fi
+cache_root="${GPU_WEBHOOK_E2E_CACHE:-$HOME/.cache/gpu-webhook-e2e}"
+out="$cache_root/helm-$helm_version"
+bin="$out/bin"
+if [[ "$print_only" == 1 ]]; then
+    echo "$bin"
+    exit 0
+fi
+
+if ! command -v go >/dev/null; then
+    echo "build_helm.sh: no Go toolchain on PATH" >&2
+    exit 1
+fi
+want_stamp="$( { go version; sha256sum "$module/go.mod" "$module/go.sum" "$here/build_helm.sh" | cut -d' ' -f1; } \
+    | sha256sum | cut -d' ' -f1)"
+if [[ "$force" == 0 && -x "$bin/helm" && -f "$out/stamp" && "$(cat "$out/stamp")" == "$want_stamp" ]]; then
+    echo "build_helm.sh: helm $helm_version is up to date in $bin" >&2
+    echo "$bin"
+    exit 0
+fi
+
+mkdir -p "$bin"
+rm -f "$out/stamp"
+export CGO_ENABLED=0 GOFLAGS="${GOFLAGS:-} -mod=readonly"
+# What helm's own Makefile sets for a release build from a tag.
+pkg=helm.sh/helm/v4/internal/version
+ldflags="-s -w -X $pkg.version=$helm_version -X $pkg.metadata= -X $pkg.gitTreeState=clean"
+
+# Built to a temporary name then moved, so an interrupted build never leaves a half-written binary behind.
+tmp="$(mktemp -d "$out/.build.XXXXXX")"
+trap 'rm -rf "$tmp"' EXIT
+start=$SECONDS
+echo "build_helm.sh: building helm $helm_version ..." >&2
+(cd "$module" && go build -trimpath -ldflags "$ldflags" -o "$tmp/helm" helm.sh/helm/v4/cmd/helm)
+mv -f "$tmp/helm" "$bin/helm"
+echo "$want_stamp" > "$out/stamp"
+echo "build_helm.sh: helm $helm_version built in $bin in $((SECONDS - start)) s" >&2
+echo "$bin"
