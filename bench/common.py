@@ -146,7 +146,7 @@ def start(name: str, kind: str, tls_dir: Path, *, workers: int = 2, threads: int
     port = load.free_port()
     common = ["--workers", str(workers), "--threads", str(threads)]
     if kind == "webhook" and worker_class == "gthread":
-        command = [sys.executable, "-m", "webhook.cli_server", "serve", "--tls-dir", str(tls_dir),
+        command = [sys.executable, "-m", "webhook.cli.server", "serve", "--tls-dir", str(tls_dir),
                    "--host", "127.0.0.1", "--port", str(port), "--metrics-host", "127.0.0.1",
                    "--metrics-port", str(load.free_port()), "--log-level", log_level, *common, *(extra or [])]
     elif kind == "webhook":
@@ -176,12 +176,12 @@ def start(name: str, kind: str, tls_dir: Path, *, workers: int = 2, threads: int
 def _serve_other_worker(kind: str, worker_class: str, tls_dir: str, port: str, metrics_port: str, workers: str,
                         threads: str, log_level: str) -> int:
     """The webhook or a floor under another gunicorn worker class (the `sync` comparison)."""
-    from webhook import logs, metrics
-    from webhook.app import create_app
-    from webhook.gunicorn_conf import WebhookServer
-    from webhook.policy_store import PolicyStore
-    from webhook.settings import Settings
-    from webhook.tls import ServingTls
+    from webhook.admission import logs, metrics
+    from webhook.admission.app import create_app
+    from webhook.admission.gunicorn_conf import WebhookServer
+    from webhook.admission.policy_store import PolicyStore
+    from webhook.admission.settings import Settings
+    from webhook.admission.tls import ServingTls
 
     settings = Settings(tls_dir=Path(tls_dir), host="127.0.0.1", port=int(port), metrics_host="127.0.0.1",
                         metrics_port=int(metrics_port), workers=int(workers), threads=int(threads),

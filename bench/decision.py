@@ -14,9 +14,9 @@ import statistics
 import time
 from typing import Any
 
-from webhook.engine import Context, evaluate
-from webhook.loader import load_policy
-from webhook.patch import operations
+from webhook.admission.loader import load_policy
+from webhook.policy.engine import Context, evaluate
+from webhook.policy.patch import operations
 
 
 def _gpu_pod() -> dict[str, Any]:

@@ -1,7 +1,7 @@
 """Load benchmark: the webhook against floor servers on the same stack, in one run.
 
 Three gunicorn masters with the same workers, threads, TLS context hook and keep-alive (the floors are
-started through `webhook.gunicorn_conf.WebhookServer` too):
+started through `webhook.admission.gunicorn_conf.WebhookServer` too):
   webhook          `gpu-webhook serve` (Flask, parse, engine, patch, metrics, one log line per review)
   Flask floor      a Flask app that reads the body and answers a constant allow: the webhook's stack
   bare WSGI floor  the same without Flask: the cost of gunicorn + TLS alone
@@ -107,10 +107,10 @@ def flask_floor_app() -> Callable[..., Any]:
 
 
 def serve_floor(args: argparse.Namespace) -> int:
-    from webhook import metrics
-    from webhook.gunicorn_conf import WebhookServer
-    from webhook.settings import Settings
-    from webhook.tls import ServingTls
+    from webhook.admission import metrics
+    from webhook.admission.gunicorn_conf import WebhookServer
+    from webhook.admission.settings import Settings
+    from webhook.admission.tls import ServingTls
 
     settings = Settings(tls_dir=Path(args.tls_dir), host="127.0.0.1", port=args.port, metrics_host="127.0.0.1",
                         metrics_port=args.metrics_port, workers=args.workers, threads=args.threads,
@@ -349,7 +349,7 @@ def spawn(command: list[str], log: Path, env: dict[str, str], cwd: Path | None =
 
 def issue_certs(directory: Path, key_type: str = "ecdsa") -> Path:
     """A CA and a serving certificate (`ecdsa` P-256 or `rsa` 2048) in `directory`; returns ca.crt."""
-    from webhook import certs
+    from webhook.admission import certs
 
     now = dt.datetime.now(dt.UTC)
     kind: Any = key_type
@@ -440,7 +440,7 @@ def main(argv: list[str] | None = None) -> int:
 
     servers = {}
     for name, level, checkout, variant in webhooks:
-        target = ["webhook.cli_server"]
+        target = ["webhook.cli.server"]
         if variant:
             target = [str(REPO / "bench" / "variants.py"), variant, *target]
         servers[name] = spawn(

@@ -70,7 +70,7 @@ def _install(directory: Path) -> None:
     ThreadWorker.handle = _timed("handle", ThreadWorker.handle)
     ThreadWorker.handle_request = _timed("handle_request", ThreadWorker.handle_request)
     try:
-        from webhook.app import AdmissionServer
+        from webhook.admission.app import AdmissionServer
     except ImportError:
         pass
     else:

@@ -1,5 +1,5 @@
 """The long soak: certificate rotations and rule edits (valid and invalid) under sustained keep-alive load,
-then SIGTERM under load, repeated for as long as asked. The same scenarios as tests/test_faults.py (which
+then SIGTERM under load, repeated for as long as asked. The same scenarios as tests/admission/test_faults.py (which
 runs short versions of them by default), with bigger numbers. Prints what happened; exits 1 on any failure.
 
     python bench/soak.py                     # 100 rotate/edit cycles (~3 min), then 5 SIGTERM rounds

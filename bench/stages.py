@@ -40,12 +40,12 @@ sys.path.insert(0, str(REPO))
 
 from prometheus_client import CollectorRegistry  # noqa: E402
 
-from webhook import logs, metrics  # noqa: E402
-from webhook.app import AdmissionServer, create_app, server_of  # noqa: E402
-from webhook.engine import Context, evaluate  # noqa: E402
-from webhook.patch import operations  # noqa: E402
-from webhook.review import build_response, decode_json, parse_review  # noqa: E402
-from webhook.settings import Settings  # noqa: E402
+from webhook.admission import logs, metrics  # noqa: E402
+from webhook.admission.app import AdmissionServer, create_app, server_of  # noqa: E402
+from webhook.admission.review import build_response, decode_json, parse_review  # noqa: E402
+from webhook.admission.settings import Settings  # noqa: E402
+from webhook.policy.engine import Context, evaluate  # noqa: E402
+from webhook.policy.patch import operations  # noqa: E402
 
 EVICT_BYTES = 4 * 1024 * 1024  # twice the L2 of a core here
 DEFAULT_REVIEW = REPO / "tests" / "data" / "admission-reviews" / "pod-create-from-replicaset-gpu.json"

@@ -7,7 +7,7 @@
 `once` measures what the stack costs the webhook apart from `AdmissionServer.answer` (Flask route, a larger
 response, metrics and log threads). `twice` measures what one more answer() costs right after the first, while
 the engine's code and data are still in the caches: were it much cheaper than the first, the difference would be
-the first touch of that code and data (docs/performance.md, section 10). The uid is not echoed by `once`: the
+the first touch of that code and data (docs/performance.md). The uid is not echoed by `once`: the
 load clients check the HTTP status only.
 """
 
@@ -20,7 +20,7 @@ from typing import Any
 
 def patch(variant: str) -> None:
     """Replace `AdmissionServer.answer` for `variant` (in this process, before gunicorn forks its workers)."""
-    from webhook.app import AdmissionServer
+    from webhook.admission.app import AdmissionServer
 
     answer = AdmissionServer.answer
     first: dict[int, tuple[int, dict[str, Any]]] = {}

@@ -1,0 +1,135 @@
+"""The server with cluster awareness: the Flask app over a live inventory fed by a replayed Kubernetes API."""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from flask import Flask
+from prometheus_client import CollectorRegistry
+from support.admission import body, review
+from support.cluster_api import FakeClock, serve_cluster, wait_synced
+from support.kube_replay import Json, ReplayServer, status
+
+from webhook.admission.app import create_app
+from webhook.admission.settings import Settings, SettingsError
+from webhook.cluster import kube
+
+NODES = "/api/v1/nodes"
+
+
+@pytest.fixture
+def replay() -> Iterator[ReplayServer]:
+    with ReplayServer() as server:
+        yield server
+
+
+def app_over(server: ReplayServer, tmp_path: Path) -> tuple[Flask, kube.ClusterInventory]:
+    api = kube.api_client(str(server.kubeconfig(tmp_path / "kubeconfig")), environ={})
+    inventory = kube.ClusterInventory(api, clock=FakeClock(), watch_seconds=1, backoff=(0.05, 0.2))
+    inventory.start()
+    app = create_app(Settings(rules_poll_seconds=0), registry=CollectorRegistry(), inventory=inventory)
+    return app, inventory
+
+
+def gpu_pod_review(gpus: str, labels: dict[str, str] | None = None) -> dict[str, Any]:
+    document = review("pod-create-limits-only-defaulted")
+    container = document["request"]["object"]["spec"]["containers"][0]
+    container["resources"] = {"limits": {"nvidia.com/gpu": gpus}, "requests": {"nvidia.com/gpu": gpus}}
+    document["request"]["object"]["metadata"]["labels"] = labels or {}
+    return document
+
+
+def answer(app: Flask, path: str, document: dict[str, Any]) -> dict[str, Any]:
+    response = app.test_client().post(path, data=body(document), content_type="application/json")
+    assert response.status_code == 200, response.data
+    result: dict[str, Any] = response.get_json()["response"]
+    return result
+
+
+def test_never_schedulable_is_denied_with_the_evidence(replay: ReplayServer, tmp_path: Path) -> None:
+    serve_cluster(replay)
+    app, inventory = app_over(replay, tmp_path)
+    try:
+        wait_synced(replay, inventory)
+        labels = {"gpu-webhook.io/workload": "training", "gpu-webhook.io/gpu-type": "a100"}
+        denied = answer(app, "/mutate", gpu_pod_review("16", labels))
+        assert denied["allowed"] is False
+        assert "[gpu-never-schedulable]" in denied["status"]["message"]
+        assert "8" in denied["status"]["message"]  # the largest Ready training/a100 node has 8
+        fits = answer(app, "/mutate", gpu_pod_review("8", labels))
+        assert fits["allowed"] is True
+        ops = json.loads(base64.b64decode(fits["patch"]))
+        assert {"op": "add", "path": "/spec/runtimeClassName", "value": "nvidia"} in ops
+        readiness = app.test_client().get("/readyz").get_json()
+        assert readiness["checks"]["inventory"] == {"synced": True}
+    finally:
+        inventory.stop()
+
+
+def test_unreachable_api_skips_inventory_checks_and_says_so(replay: ReplayServer, tmp_path: Path) -> None:
+    for path in (NODES, "/api/v1/namespaces", "/apis/node.k8s.io/v1/runtimeclasses"):
+        replay.route(path, list=[Json(status(503, "ServiceUnavailable", "etcd is down"), code=503)])
+    app, inventory = app_over(replay, tmp_path)
+    try:
+        labels = {"gpu-webhook.io/workload": "training", "gpu-webhook.io/gpu-type": "a100"}
+        result = answer(app, "/mutate", gpu_pod_review("2", labels))
+        assert result["allowed"] is True  # everything else works as without a cluster
+        assert result["patchType"] == "JSONPatch"
+        assert any("[gpu-inventory-unavailable]" in w for w in result.get("warnings", []))
+        assert app.test_client().get("/readyz").status_code == 200  # never unready for the inventory
+    finally:
+        inventory.stop()
+
+
+@pytest.mark.parametrize(("value", "expected"), [
+    pytest.param(None, False, id="unset-off"),
+    pytest.param("true", True, id="true"),
+    pytest.param("ON", True, id="on"),
+    pytest.param("0", False, id="zero"),
+])
+def test_cluster_setting(value: str | None, expected: bool) -> None:
+    env = {} if value is None else {"GPU_WEBHOOK_CLUSTER": value}
+    assert Settings.from_env(env).cluster is expected
+
+
+def test_cluster_setting_refuses_nonsense() -> None:
+    with pytest.raises(SettingsError, match="GPU_WEBHOOK_CLUSTER='maybe': expected true or false"):
+        Settings.from_env({"GPU_WEBHOOK_CLUSTER": "maybe"})
+
+
+def _patched(document: dict[str, Any], result: dict[str, Any]) -> dict[str, Any]:
+    import jsonpatch
+
+    patched = json.loads(json.dumps(document))
+    if "patch" in result:
+        ops = json.loads(base64.b64decode(result["patch"]))
+        patched["request"]["object"] = jsonpatch.apply_patch(document["request"]["object"], ops)
+    return patched
+
+
+@pytest.mark.parametrize("cluster", ["synced", "unreachable"])
+def test_inventory_warnings_read_the_same_at_both_endpoints(replay: ReplayServer, tmp_path: Path,
+                                                            cluster: str) -> None:
+    """Both webhooks judge the same Pod against the inventory. Their warnings carry the same text, so the API
+    server, which drops exact duplicates, shows the developer each one once."""
+    if cluster == "synced":
+        serve_cluster(replay)
+    else:
+        for path in (NODES, "/api/v1/namespaces", "/apis/node.k8s.io/v1/runtimeclasses"):
+            replay.route(path, list=[Json(status(503, "ServiceUnavailable", "etcd is down"), code=503)])
+    app, inventory = app_over(replay, tmp_path)
+    try:
+        if cluster == "synced":
+            wait_synced(replay, inventory)
+        document = gpu_pod_review("1", {"gpu-webhook.io/workload": "training", "gpu-webhook.io/gpu-type": "t4"})
+        mutated = answer(app, "/mutate", document)
+        validated = answer(app, "/validate", _patched(document, mutated))
+        assert mutated["allowed"] and validated["allowed"]
+        assert mutated.get("warnings") and mutated.get("warnings") == validated.get("warnings")
+    finally:
+        inventory.stop()

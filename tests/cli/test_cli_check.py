@@ -1,0 +1,195 @@
+"""`gpu-webhook check` as a person runs it: files, `-` for stdin, output formats, --namespace, exit codes."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+MANIFESTS = REPO / "tests" / "data" / "manifests"
+# Third-party manifests in the shared/ folder beside the checkout (as on the team machines and CI); only where present.
+REAL_MANIFESTS = REPO.parent / "shared" / "fixtures" / "real-manifests"
+
+
+def check(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "webhook", "check", *args], cwd=REPO, capture_output=True,
+                          text=True, input=stdin, timeout=120, check=False)
+
+
+def m(name: str) -> str:
+    return str((MANIFESTS / name).relative_to(REPO))
+
+
+def as_json(*args: str, stdin: str | None = None) -> tuple[int, list[dict[str, Any]]]:
+    result = check("-o", "json", *args, stdin=stdin)
+    assert result.returncode in (0, 1), result.stderr
+    return result.returncode, json.loads(result.stdout)
+
+
+EXIT_CODES = [
+    pytest.param([m("gpu-pod.yaml")], 0, id="allowed"),
+    pytest.param([m("mismatch.yaml")], 1, id="denied"),
+    pytest.param([m("gpu-pod.yaml"), m("mismatch.yaml")], 1, id="any-denied"),
+    pytest.param([m("multi.yaml")], 1, id="multi-document-with-a-denial"),
+    pytest.param([m("list.yaml")], 0, id="list"),
+    pytest.param([m("pod.json")], 1, id="json-fraction"),
+    pytest.param([m("bad.yaml")], 2, id="bad-yaml"),
+    pytest.param([m("gpu-pod.yaml"), m("bad.yaml")], 2, id="bad-yaml-among-good"),
+    pytest.param([m("does-not-exist.yaml")], 2, id="missing-file"),
+    pytest.param([], 2, id="no-files"),
+    pytest.param([m("gpu-pod.yaml"), "-o", "xml"], 2, id="bad-output-format"),
+    pytest.param([m("own-namespace.yaml")], 0, id="exempt-own-namespace"),
+]
+
+
+@pytest.mark.parametrize(("args", "code"), EXIT_CODES)
+def test_exit_code(args: list[str], code: int) -> None:
+    result = check(*args)
+    assert result.returncode == code, result.stdout + result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_human_output_allowed() -> None:
+    result = check(m("gpu-pod.yaml"))
+    out = result.stdout
+    assert "ALLOWED Pod default/gpu-pod (tests/data/manifests/gpu-pod.yaml:1, 1 GPU, class " \
+           "workload=inference,gpu-type=t4)" in out
+    assert 'inject: /spec/nodeSelector = {"workload": "inference", "gpu-type": "t4"}' in out
+    assert "inject: /spec/tolerations = " in out and 'inject: /spec/runtimeClassName = "nvidia"' in out
+    assert "1 object(s): 1 allowed, 0 denied" in out
+
+
+def test_human_output_denied_says_what_where_and_how() -> None:
+    out = check(m("mismatch.yaml")).stdout
+    assert "DENIED  Pod default/mismatch" in out
+    assert ("deny: [gpu-requests-equal-limits] spec.containers[0] (train): resources.requests: Invalid value: "
+            '"1": must be equal to nvidia.com/gpu limit of 2') in out
+    assert "inject:" not in out
+
+
+def test_human_output_multi_document_and_template_preview() -> None:
+    out = check(m("multi.yaml")).stdout
+    assert "ALLOWED Deployment default/infer (tests/data/manifests/multi.yaml:2" in out
+    assert "pods of this template get: /spec/template/spec/nodeSelector" in out
+    assert "ALLOWED ConfigMap default/settings (tests/data/manifests/multi.yaml:16)" in out
+    assert "DENIED  Job default/requests-only (tests/data/manifests/multi.yaml:23, class workload=inference," in out
+    assert "[gpu-limits-required] spec.template.spec.containers[0] (job)" in out
+    assert "  class: workload=inference from the cluster default" in out
+    assert "3 object(s): 2 allowed, 1 denied" in out
+
+
+def test_human_output_warning() -> None:
+    text = ("apiVersion: v1\nkind: Pod\nmetadata: {name: w}\nspec:\n  runtimeClassName: nvidia\n"
+            "  containers: [{name: a, image: x}]\n")
+    result = check("-", stdin=text)
+    assert result.returncode == 0
+    assert "WARN    Pod default/w (<stdin>:1)" in result.stdout
+    assert "warn: [gpu-runtime-without-request]" in result.stdout
+
+
+def test_json_output_fields() -> None:
+    code, results = as_json(m("gpu-pod.yaml"), m("mismatch.yaml"))
+    assert code == 1
+    allowed, denied = results
+    for entry in results:
+        assert {"kind", "name", "namespace", "allowed", "violations", "warnings", "patch", "object"} <= set(entry)
+    assert (allowed["kind"], allowed["name"], allowed["namespace"], allowed["allowed"]) == (
+        "Pod", "gpu-pod", "default", True)
+    assert allowed["violations"] == [] and allowed["warnings"] == []
+    assert {op["path"] for op in allowed["patch"]} >= {"/spec/nodeSelector", "/spec/tolerations"}
+    assert allowed["object"]["spec"]["nodeSelector"] == {"workload": "inference", "gpu-type": "t4"}
+    assert denied["allowed"] is False and denied["patch"] == []
+    assert [v["rule"] for v in denied["violations"]] == ["gpu-requests-equal-limits"]
+    assert "must be equal to nvidia.com/gpu limit of 2" in denied["violations"][0]["message"]
+    assert denied["object"]["spec"] == yaml.safe_load((MANIFESTS / "mismatch.yaml").read_text())["spec"]
+
+
+def test_yaml_output_prints_the_mutated_manifests() -> None:
+    result = check("-o", "yaml", m("gpu-pod.yaml"), m("list.yaml"))
+    assert result.returncode == 0
+    docs = list(yaml.safe_load_all(result.stdout))
+    assert [d["metadata"]["name"] for d in docs] == ["gpu-pod", "first", "second"]
+    assert docs[0]["spec"]["runtimeClassName"] == "nvidia"
+    assert docs[0]["spec"]["tolerations"] == [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+    assert docs[2] == yaml.safe_load((MANIFESTS / "list.yaml").read_text())["items"][1]
+
+
+def test_list_kinds_are_expanded() -> None:
+    _, results = as_json(m("list.yaml"))
+    assert [(r["kind"], r["name"]) for r in results] == [("Pod", "first"), ("Service", "second")]
+
+
+def test_stdin() -> None:
+    code, results = as_json("-", stdin=(MANIFESTS / "mismatch.yaml").read_text())
+    assert code == 1 and results[0]["name"] == "mismatch" and results[0]["file"] == "<stdin>"
+
+
+def test_stdin_json() -> None:
+    code, results = as_json("-", stdin=(MANIFESTS / "pod.json").read_text())
+    assert code == 1 and [v["rule"] for v in results[0]["violations"]] == ["gpu-whole-number"]
+
+
+@pytest.mark.parametrize(("args", "namespace", "allowed"), [
+    pytest.param([], "default", False, id="default-namespace"),
+    pytest.param(["--namespace", "team-a"], "team-a", False, id="given-namespace"),
+    pytest.param(["-n", "kube-system"], "kube-system", True, id="exempt-given-namespace"),
+])
+def test_namespace_option(args: list[str], namespace: str, allowed: bool) -> None:
+    _, results = as_json(*args, m("mismatch.yaml"))
+    assert results[0]["namespace"] == namespace and results[0]["allowed"] is allowed
+
+
+def test_object_namespace_wins_over_the_option() -> None:
+    _, results = as_json("--namespace", "team-a", m("own-namespace.yaml"))
+    assert results[0]["namespace"] == "kube-system" and results[0]["allowed"] is True
+
+
+def test_bad_yaml_is_named_with_its_line() -> None:
+    result = check(m("gpu-pod.yaml"), m("bad.yaml"))
+    assert result.returncode == 2
+    assert "tests/data/manifests/bad.yaml:4: not valid YAML" in result.stderr
+    assert result.stdout == ""
+
+
+def test_missing_file_is_named() -> None:
+    result = check(m("does-not-exist.yaml"))
+    assert "does-not-exist.yaml: cannot be read" in result.stderr
+
+
+def test_document_without_kind_is_an_input_error() -> None:
+    result = check("-", stdin="apiVersion: v1\nmetadata: {name: x}\n")
+    assert result.returncode == 2 and "<stdin>:1" in result.stderr and "no kind" in result.stderr
+
+
+def test_rules_option(tmp_path: Path) -> None:
+    policy = (REPO / "rules" / "gpu-policy.yaml").read_text().replace("enforcement: {}",
+                                                                       "enforcement: {gpu-requests-equal-limits: warn}")
+    (tmp_path / "gpu-policy.yaml").write_text(policy)
+    result = check("--rules", str(tmp_path), m("mismatch.yaml"))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "warn: [gpu-requests-equal-limits]" in result.stdout
+
+
+def test_wrongly_typed_field_is_reported_not_a_crash() -> None:
+    text = ("apiVersion: v1\nkind: Pod\nmetadata: {name: p}\nspec:\n  nodeSelector: [a]\n"
+            "  containers: [{name: a, image: x, resources: {limits: {nvidia.com/gpu: 1}}}]\n")
+    result = check("-", stdin=text)
+    assert "Traceback" not in result.stderr
+    assert result.returncode in (1, 2)
+
+
+@pytest.mark.skipif(not REAL_MANIFESTS.is_dir(), reason=f"{REAL_MANIFESTS} is not present on this machine")
+def test_real_manifests() -> None:
+    files = sorted(str(p) for p in REAL_MANIFESTS.glob("*.yaml"))
+    result = check("-o", "json", *files)
+    assert result.returncode == 1, result.stderr
+    results = json.loads(result.stdout)
+    denied = {(r["kind"], r["name"]): [v["rule"] for v in r["violations"]] for r in results if not r["allowed"]}
+    assert denied == {("MPIJob", "deepspeed-mpijob"): ["gpu-requests-equal-limits"],
+                      ("LeaderWorkerSet", "nginx-leaderworkerset"): ["gpu-limits-required"]}

@@ -1,0 +1,211 @@
+"""`gpu-webhook`: serve | certs | check | lint | test | rules.
+
+Exit codes (every command): 0 all allowed / valid, 1 something denied / invalid / a test failed,
+2 usage or input errors (a file that cannot be read or parsed, named with its line).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, TextIO
+
+import yaml
+
+from webhook.admission.loader import load_policy
+from webhook.cli import rule_tests
+from webhook.policy import checking
+from webhook.policy.manifests_io import ManifestError
+from webhook.policy.rules import RULES, Policy, RuleError
+
+EXIT_OK, EXIT_DENIED, EXIT_USAGE = 0, 1, 2
+RULES_ENV = "GPU_WEBHOOK_RULES"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not hasattr(args, "func"):
+        parser.print_help()
+        return EXIT_USAGE
+    try:
+        code: int = args.func(args)
+        return code
+    except RuleError as err:
+        print(f"gpu-webhook: invalid rules: {err}", file=sys.stderr)
+        return EXIT_USAGE
+    except BrokenPipeError:
+        return EXIT_OK
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="gpu-webhook", description="GPU resource policy for Kubernetes.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    _add_check(sub)
+    _add_lint(sub)
+    _add_test(sub)
+    _add_rules(sub)
+    for module in ("webhook.cli.server", "webhook.cli.cluster"):
+        _register_optional(module, sub)
+    return parser
+
+
+def _register_optional(module: str, sub: Any) -> None:
+    """Subcommands that live beside their own code (serve/certs, audit/doctor)."""
+    import importlib
+
+    try:
+        importlib.import_module(module).register(sub)
+    except ModuleNotFoundError as err:
+        if err.name != module:
+            raise
+
+
+def rules_arg(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--rules", type=Path, default=None, metavar="DIR",
+                        help=f"rule directory (default: ${RULES_ENV}, else the rules shipped with gpu-webhook)")
+
+
+def resolve_rules(path: Path | None) -> Path | None:
+    """--rules, else $GPU_WEBHOOK_RULES, else None (the packaged rules)."""
+    if path is not None:
+        return path
+    env = os.environ.get(RULES_ENV)
+    return Path(env) if env else None
+
+
+# --------------------------------------------------------------------------------------------- check
+
+
+def _add_check(sub: Any) -> None:
+    p = sub.add_parser("check", help="evaluate manifests offline with the webhook's engine",
+                       description="Evaluate Pods and workload manifests exactly as the webhook would on CREATE.")
+    p.add_argument("files", nargs="+", metavar="FILE", help="YAML or JSON manifests; - reads standard input")
+    p.add_argument("-n", "--namespace", default=None,
+                   help="namespace for objects that name none (default: the object's, else 'default')")
+    p.add_argument("-o", "--output", choices=("human", "yaml", "json"), default="human")
+    rules_arg(p)
+    p.set_defaults(func=run_check)
+
+
+def run_check(args: argparse.Namespace) -> int:
+    policy = load_policy(resolve_rules(args.rules))
+    try:
+        results = checking.check_sources(policy, _read_inputs(args.files), args.namespace)
+    except (ManifestError, OSError) as err:
+        print(f"gpu-webhook check: {err}", file=sys.stderr)
+        return EXIT_USAGE
+    out = sys.stdout
+    if args.output == "json":
+        json.dump([r.to_json() for r in results], out, indent=2)
+        out.write("\n")
+    elif args.output == "yaml":
+        yaml.safe_dump_all([dict(r.patched) for r in results], out, sort_keys=False)
+    else:
+        _print_human(policy, results, out)
+    return EXIT_OK if all(r.verdict.allowed for r in results) else EXIT_DENIED
+
+
+def _read_inputs(names: Sequence[str]) -> list[tuple[str, str]]:
+    sources = []
+    for name in names:
+        if name == "-":
+            sources.append(("<stdin>", sys.stdin.read()))
+            continue
+        try:
+            sources.append((name, Path(name).read_text(encoding="utf-8")))
+        except (OSError, UnicodeDecodeError) as err:
+            raise ManifestError(f"{name}: cannot be read ({err})") from None
+    return sources
+
+
+def _print_human(policy: Policy, results: Sequence[checking.Result], out: TextIO) -> None:
+    denied = sum(not r.verdict.allowed for r in results)
+    for r in results:
+        status = "DENIED " if not r.verdict.allowed else ("WARN   " if r.verdict.warnings else "ALLOWED")
+        gpu = f", {r.verdict.gpus} GPU" if r.verdict.gpus else ""
+        gpu += f", class {r.verdict.gpu_class}" if r.verdict.gpu_class else ""
+        out.write(f"{status} {r.kind} {r.namespace}/{r.name} ({r.manifest.where()}{gpu})\n")
+        for line in r.verdict.choices:
+            out.write(f"  class: {line}\n")
+        for finding in r.verdict.violations:
+            out.write(f"  deny: {finding.render()}\n")
+        for finding in r.verdict.warnings:
+            out.write(f"  warn: {finding.render()}\n")
+        for line in checking.describe_edits(r.patch):
+            out.write(f"  inject: {line}\n")
+        for line in r.template_injections:
+            out.write(f"  pods of this template get: {line}\n")
+    out.write(f"\n{len(results)} object(s): {len(results) - denied} allowed, {denied} denied (rules {policy.digest})\n")
+
+
+# --------------------------------------------------------------------------------------------- lint / rules
+
+
+def _add_lint(sub: Any) -> None:
+    p = sub.add_parser("lint", help="validate a rule directory",
+                       description="Validate rule files against the schema and each other; exit 1 when invalid.")
+    p.add_argument("dir", nargs="?", type=Path, default=None, help="rule directory (default: as for --rules)")
+    p.set_defaults(func=run_lint)
+
+
+def run_lint(args: argparse.Namespace) -> int:
+    directory = resolve_rules(args.dir)
+    try:
+        policy = load_policy(directory)
+    except RuleError as err:
+        print(f"gpu-webhook lint: {err}", file=sys.stderr)
+        return EXIT_DENIED
+    axes = "; ".join(f"{a.name} ({a.label}): {', '.join(a.values)}" for a in policy.axes)
+    print(f"ok: {len(policy.sources)} file(s), rules {policy.digest}; classes: {axes or '(none)'}")
+    return EXIT_OK
+
+
+def _add_rules(sub: Any) -> None:
+    p = sub.add_parser("rules", help="list the rule ids and how the current rules enforce them")
+    rules_arg(p)
+    p.set_defaults(func=run_rules)
+
+
+def run_rules(args: argparse.Namespace) -> int:
+    policy = load_policy(resolve_rules(args.rules))
+    for rule, (default, what) in RULES.items():
+        print(f"{rule:32} {policy.enforcement_of(rule):5} (default {default:4})  {what}")
+    return EXIT_OK
+
+
+# --------------------------------------------------------------------------------------------- test
+
+
+def _add_test(sub: Any) -> None:
+    p = sub.add_parser("test", help="run rule test cases kept as data (like `kyverno test`)",
+                       description="Run every *.yaml test file (kind GPUPolicyTest) under DIR.")
+    p.add_argument("dir", type=Path, help="directory of GPUPolicyTest files (searched recursively)")
+    p.add_argument("-v", "--verbose", action="store_true", help="print passing cases too")
+    p.set_defaults(func=run_test)
+
+
+def run_test(args: argparse.Namespace) -> int:
+    try:
+        outcomes = rule_tests.run_directory(args.dir)
+    except (rule_tests.TestFileError, ManifestError) as err:
+        print(f"gpu-webhook test: {err}", file=sys.stderr)
+        return EXIT_USAGE
+    failed = [o for o in outcomes if o.problems]
+    for outcome in outcomes:
+        if outcome.problems or args.verbose:
+            print(f"{'FAIL' if outcome.problems else 'ok  '} {outcome.where}: {outcome.name}")
+            for problem in outcome.problems:
+                print(f"     {problem}")
+            for line in outcome.chosen if args.verbose else ():
+                print(f"     class: {line}")
+    print(f"{len(outcomes) - len(failed)} passed, {len(failed)} failed")
+    return EXIT_DENIED if failed else EXIT_OK
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,341 @@
+"""`gpu-webhook doctor`: what to conclude about one GPU Pod from plain API data.
+
+`diagnose(policy, facts)` walks the path a GPU Pod takes and returns steps in plain words, each with its
+evidence: what the Pod asks for, which nodes advertise it, whether the device plugin runs on the GPU nodes,
+which nodes match the Pod's selector and tolerate its taints and how many GPUs they have free, where the Pod
+landed, its events (and its owners'), its RuntimeClass, and what this webhook decides for it. The reads are
+in `webhook.cluster.kube.read_doctor_facts`; nothing here touches the network.
+
+A step is `ok`, `info`, `warn` or `fail`; any `fail` is where the Pod's path breaks.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from webhook.policy import checking, inventory
+from webhook.policy.engine import gpu_requests
+from webhook.policy.inventory import Node, Placement, Snapshot
+from webhook.policy.pods import mapping
+from webhook.policy.rules import Policy
+
+Status = Literal["ok", "info", "warn", "fail"]
+Json = Mapping[str, Any]
+_SHOWN = 8  # nodes listed as evidence
+
+
+@dataclass(frozen=True)
+class Facts:
+    """What `doctor` reads: the Pod, its controller chain, their events, every DaemonSet, the cluster's
+    non-terminated Pods (for free GPUs and device plugin Pods) and the inventory snapshot."""
+
+    pod: Json
+    owners: tuple[Json, ...] = ()
+    events: tuple[Json, ...] = ()
+    daemonsets: tuple[Json, ...] = ()
+    pods: tuple[Json, ...] = ()
+    snapshot: Snapshot = dataclasses.field(default_factory=Snapshot)
+
+
+@dataclass(frozen=True)
+class Step:
+    title: str
+    status: Status
+    summary: str
+    evidence: tuple[str, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        return {"step": self.title, "status": self.status, "summary": self.summary, "evidence": list(self.evidence)}
+
+
+@dataclass(frozen=True)
+class Report:
+    pod: str
+    steps: tuple[Step, ...]
+
+    @property
+    def broken(self) -> bool:
+        return any(s.status == "fail" for s in self.steps)
+
+    @property
+    def conclusion(self) -> str:
+        for status in ("fail", "warn"):
+            step = next((s for s in self.steps if s.status == status), None)
+            if step is not None:
+                return f"{step.title}: {step.summary}"
+        return "nothing on this Pod's path is broken"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"pod": self.pod, "broken": self.broken, "conclusion": self.conclusion,
+                "steps": [s.to_json() for s in self.steps]}
+
+
+def _name(obj: Json) -> str:
+    return str(mapping(obj.get("metadata")).get("name") or "?")
+
+
+def _namespace(obj: Json) -> str:
+    return str(mapping(obj.get("metadata")).get("namespace") or "default")
+
+
+def diagnose(policy: Policy, facts: Facts) -> Report:
+    """Every step of the Pod's path, in order."""
+    pod, snapshot = facts.pod, facts.snapshot
+    spec = mapping(pod.get("spec"))
+    asks = gpu_requests(policy, spec)
+    claims = inventory.gpu_claims(policy, snapshot, _namespace(pod), spec)
+    steps = [_request_step(asks, claims)]
+    if asks or claims:
+        where = inventory.with_runtime_class(inventory.placement(spec, ("spec",)),
+                                             snapshot.runtime_classes.get(str(spec.get("runtimeClassName") or "")))
+        used = _used(policy, facts.pods, exclude=_name(pod), namespace=_namespace(pod))
+        steps.append(_advertised_step(snapshot, asks))
+        steps.append(_device_plugin_step(policy, facts))
+        steps.append(_matching_step(snapshot, where, asks, used, scheduled=bool(spec.get("nodeName"))))
+    steps.append(_landing_step(pod))
+    steps.append(_events_step(facts))
+    steps.append(_runtime_class_step(snapshot, spec, gpu=bool(asks or claims)))
+    steps.append(_webhook_step(policy, facts))
+    return Report(f"{_namespace(pod)}/{_name(pod)}", tuple(steps))
+
+
+# --------------------------------------------------------------------------------------------- steps
+
+
+def _request_step(asks: Mapping[str, int], claims: Sequence[str]) -> Step:
+    parts = [f"{count} {name}" for name, count in sorted(asks.items())]
+    parts += [f"resource claim {c}" for c in claims]
+    if not parts:
+        return Step("GPU request", "info", "the Pod asks for no GPU (no GPU resource in limits, no GPU claim)")
+    return Step("GPU request", "ok", f"the Pod asks for {', '.join(parts)}")
+
+
+def _advertised_step(snapshot: Snapshot, asks: Mapping[str, int]) -> Step:
+    evidence: list[str] = []
+    missing: list[str] = []
+    for resource in sorted(asks):
+        offering = [n for n in snapshot.nodes if n.offers(resource) > 0]
+        if offering:
+            shown = ", ".join(f"{n.name} ({n.offers(resource)})" for n in offering[:_SHOWN])
+            evidence.append(f"{resource} allocatable on {len(offering)} node(s): {shown}")
+        else:
+            missing.append(resource)
+            reason = inventory.no_node_reason(snapshot, inventory.Placement({}, (), None, None, False), resource)
+            evidence.append(f"{resource}: {reason}")
+    if missing:
+        return Step("Advertised", "fail", f"no node advertises {', '.join(missing)} in allocatable", tuple(evidence))
+    return Step("Advertised", "ok", "nodes advertise the requested resources", tuple(evidence))
+
+
+def _is_device_plugin(ds: Json) -> bool:
+    template = mapping(mapping(mapping(ds.get("spec")).get("template")).get("spec"))
+    images = [str(mapping(c).get("image") or "") for c in template.get("containers") or []]
+    return "device-plugin" in _name(ds) or any("device-plugin" in image for image in images)
+
+
+def _gpu_nodes(policy: Policy, snapshot: Snapshot) -> list[Node]:
+    return [n for n in snapshot.nodes
+            if n.labels.get(inventory.GPU_PRESENT_LABEL) == "true"
+            or any(v > 0 and policy.gpu_resource(r) for r, v in n.allocatable.items())]
+
+
+def _ready(pod: Json) -> bool:
+    conditions = mapping(pod.get("status")).get("conditions") or []
+    return any(mapping(c).get("type") == "Ready" and mapping(c).get("status") == "True" for c in conditions)
+
+
+def _device_plugin_step(policy: Policy, facts: Facts) -> Step:
+    plugins = [ds for ds in facts.daemonsets if _is_device_plugin(ds)]
+    gpu_nodes = _gpu_nodes(policy, facts.snapshot)
+    if not plugins:
+        return Step("Device plugin", "warn" if gpu_nodes else "fail",
+                    "no device plugin DaemonSet found (none is named or runs an image with 'device-plugin'); install "
+                    "the NVIDIA device plugin (or the GPU Operator) on the GPU nodes",
+                    tuple(f"GPU node {n.name}" for n in gpu_nodes[:_SHOWN]))
+    evidence: list[str] = []
+    covered: set[str] = set()
+    for ds in plugins:
+        status = mapping(ds.get("status"))
+        ns, name = _namespace(ds), _name(ds)
+        evidence.append(f"DaemonSet {ns}/{name}: {status.get('desiredNumberScheduled', 0)} desired, "
+                        f"{status.get('numberReady', 0)} ready")
+        for pod in facts.pods:
+            owners = mapping(pod.get("metadata")).get("ownerReferences") or []
+            if _namespace(pod) == ns and any(mapping(o).get("kind") == "DaemonSet" and mapping(o).get("name") == name
+                                             for o in owners):
+                node_name = str(mapping(pod.get("spec")).get("nodeName") or "")
+                if _ready(pod) and node_name:
+                    covered.add(node_name)
+    uncovered = [n for n in gpu_nodes if n.name not in covered]
+    if covered:
+        evidence.append(f"a ready device plugin Pod runs on: {', '.join(sorted(covered)[:_SHOWN])}")
+    for node in uncovered[:_SHOWN]:
+        offers = ", ".join(f"{r}={v}" for r, v in sorted(node.allocatable.items()) if v) or "no GPU resource"
+        evidence.append(f"GPU node {node.name} has no ready device plugin Pod (allocatable: {offers})")
+    if uncovered:
+        names = ", ".join(n.name for n in uncovered[:_SHOWN])
+        return Step("Device plugin", "warn", f"the device plugin is not ready on {len(uncovered)} GPU node(s): "
+                    f"{names}; their GPUs are not (or no longer) advertised", tuple(evidence))
+    return Step("Device plugin", "ok", "a device plugin Pod is ready on every GPU node", tuple(evidence))
+
+
+def _used(policy: Policy, running: Sequence[Json], exclude: str, namespace: str) -> dict[str, dict[str, int]]:
+    """GPU resources held on each node by the other non-terminated Pods."""
+    used: dict[str, dict[str, int]] = {}
+    for pod in running:
+        spec = mapping(pod.get("spec"))
+        node = spec.get("nodeName")
+        phase = mapping(pod.get("status")).get("phase")
+        if not node or phase in ("Succeeded", "Failed") or (_name(pod), _namespace(pod)) == (exclude, namespace):
+            continue
+        for resource, count in gpu_requests(policy, spec).items():
+            per_node = used.setdefault(str(node), {})
+            per_node[resource] = per_node.get(resource, 0) + count
+    return used
+
+
+def _matching_step(snapshot: Snapshot, where: Placement, asks: Mapping[str, int],
+                   used: Mapping[str, Mapping[str, int]], scheduled: bool) -> Step:
+    evidence = [f"nodeSelector {where.describe_selector()}; tolerations: "
+                + (", ".join(_toleration(t) for t in where.tolerations) or "(none)")]
+    fits: list[str] = []
+    capable: list[str] = []
+    rejected: list[str] = []
+    for node in snapshot.nodes:
+        why = _why_not(node, where)
+        if why:
+            rejected.append(f"{node.name}: {why}")
+            continue
+        free = {r: node.offers(r) - used.get(node.name, {}).get(r, 0) for r in asks}
+        evidence.append(f"{node.name}: " + ", ".join(f"{node.offers(r)} {r} allocatable, {free[r]} free"
+                                                      for r in sorted(asks)))
+        if all(node.offers(r) >= n for r, n in asks.items()):
+            capable.append(node.name)
+            if all(free[r] >= n for r, n in asks.items()):
+                fits.append(node.name)
+    evidence += [f"not a candidate: {line}" for line in rejected[:_SHOWN]]
+    if len(rejected) > _SHOWN:
+        evidence.append(f"... and {len(rejected) - _SHOWN} more node(s) that do not match")
+    matching = len(snapshot.nodes) - len(rejected)
+    if fits:
+        return Step("Matching nodes", "ok", f"{matching} node(s) match; {len(fits)} have enough free GPUs now: "
+                    f"{', '.join(fits[:_SHOWN])}", tuple(evidence))
+    status: Status = "info" if scheduled else "fail"
+    if capable:
+        status = "info" if scheduled else "warn"
+        return Step("Matching nodes", status, f"{matching} node(s) match and {len(capable)} could hold the Pod, "
+                    "but none has enough free GPUs now: it waits until GPUs are released (or the cluster grows)",
+                    tuple(evidence))
+    if matching:
+        return Step("Matching nodes", status, f"{matching} node(s) match but none offers enough of "
+                    f"{', '.join(sorted(asks))}: the Pod can never be scheduled as written", tuple(evidence))
+    return Step("Matching nodes", status, "no Ready node matches the Pod's nodeSelector, affinity and tolerations",
+                tuple(evidence))
+
+
+def _toleration(tol: Mapping[str, Any]) -> str:
+    key = tol.get("key") or "*"
+    value = f"={tol['value']}" if tol.get("value") else ""
+    return f"{key}{value}:{tol.get('effect') or '*'}"
+
+
+def _why_not(node: Node, where: Placement) -> str:
+    if not node.ready:
+        return "not Ready"
+    mismatches = inventory.selector_mismatches(node, where.node_selector)
+    if mismatches:
+        return "nodeSelector " + ", ".join(mismatches)
+    if not inventory.affinity_matches(node, where.node_affinity):
+        return "node affinity does not match"
+    taints = inventory.untolerated(node, where.tolerations, transient=True)
+    if taints:
+        return "untolerated taint " + ", ".join(map(str, taints))
+    if node.unschedulable:
+        return "cordoned (unschedulable)"
+    return ""
+
+
+def _landing_step(pod: Json) -> Step:
+    spec, status = mapping(pod.get("spec")), mapping(pod.get("status"))
+    phase = str(status.get("phase") or "Unknown")
+    node = spec.get("nodeName")
+    if node:
+        return Step("Placement", "ok" if phase in ("Running", "Succeeded") else "info",
+                    f"the Pod is on node {node} (phase {phase})")
+    conditions = [mapping(c) for c in status.get("conditions") or []]
+    scheduled = next((c for c in conditions if c.get("type") == "PodScheduled"), {})
+    message = str(scheduled.get("message") or "")
+    evidence = (f"PodScheduled={scheduled.get('status')} {scheduled.get('reason') or ''}: {message}".strip(),) \
+        if scheduled else ()
+    return Step("Placement", "fail", f"the Pod is not scheduled (phase {phase})", evidence)
+
+
+def _events_step(facts: Facts) -> Step:
+    warnings = [e for e in facts.events if e.get("type") == "Warning"]
+    evidence: list[str] = []
+    status: Status = "ok"
+    for event in sorted(warnings, key=lambda e: str(e.get("lastTimestamp") or e.get("eventTime") or "")):
+        involved = mapping(event.get("involvedObject"))
+        reason, message = str(event.get("reason") or ""), str(event.get("message") or "")
+        count = f" (x{event['count']})" if isinstance(event.get("count"), int) and event["count"] > 1 else ""
+        evidence.append(f"{involved.get('kind')}/{involved.get('name')} {reason}{count}: {message}")
+        if "Insufficient" in message or reason in ("FailedCreate", "UnexpectedAdmissionError", "FailedScheduling"):
+            status = "warn"
+    if not warnings:
+        return Step("Events", "ok", "no warning events for the Pod or its owners")
+    meaning = _explain(warnings)
+    return Step("Events", status, meaning, tuple(evidence))
+
+
+def _explain(warnings: Sequence[Json]) -> str:
+    messages = " ".join(str(e.get("message") or "") for e in warnings)
+    reasons = {str(e.get("reason") or "") for e in warnings}
+    if "FailedCreate" in reasons and "admission webhook" in messages:
+        return "the owner could not create Pods: an admission webhook denied them (see the message)"
+    if "Insufficient" in messages:
+        return "the scheduler found no node with enough free resources (Insufficient ...)"
+    if "UnexpectedAdmissionError" in reasons:
+        return "the kubelet refused the Pod at admission (device plugin allocation failed)"
+    return f"{len(warnings)} warning event(s): {', '.join(sorted(reasons))}"
+
+
+def _runtime_class_step(snapshot: Snapshot, spec: Json, gpu: bool) -> Step:
+    name = spec.get("runtimeClassName")
+    if not name:
+        detail = ("no runtimeClassName: the node's default runtime must expose GPUs (CDI, or the NVIDIA runtime "
+                  "as default)") if gpu else "no runtimeClassName"
+        return Step("RuntimeClass", "info", detail)
+    found = snapshot.runtime_classes.get(str(name))
+    if found is None:
+        return Step("RuntimeClass", "fail",
+                    f'RuntimeClass "{name}" not found: new Pods naming it are rejected; create it (the GPU '
+                    "Operator installs it) or remove runtimeClassName from the Pod's template",
+                    (f"RuntimeClasses: {', '.join(sorted(snapshot.runtime_classes)) or '(none)'}",))
+    scheduling = ", ".join(f"{k}={v}" for k, v in sorted(found.node_selector.items()))
+    evidence = (f"handler {found.handler}" + (f"; scheduling.nodeSelector {scheduling}" if scheduling else ""),)
+    return Step("RuntimeClass", "ok", f"RuntimeClass {name} exists", evidence)
+
+
+def _webhook_step(policy: Policy, facts: Facts) -> Step:
+    outcome = checking.decide(policy, for_review(facts.pod), _namespace(facts.pod), inventory=facts.snapshot)
+    verdict = outcome.verdict
+    evidence = tuple(f"{f.enforcement}: {f.render()}" for f in (*verdict.violations, *verdict.warnings))
+    evidence += tuple(verdict.notes)
+    where = f" (class {verdict.gpu_class})" if verdict.gpu_class else ""
+    if not verdict.allowed:
+        return Step("This webhook", "fail", f"would deny this Pod if it were created now{where}", evidence)
+    if verdict.warnings:
+        return Step("This webhook", "warn", f"would allow this Pod with warnings{where}", evidence)
+    return Step("This webhook", "ok", f"would allow this Pod{where}", evidence)
+
+
+def for_review(obj: Json) -> dict[str, Any]:
+    """A stored object as it would be submitted again: without status, and a Pod without the node the
+    scheduler bound it to (so a running Pod is not mistaken for one that bypasses the scheduler)."""
+    copy = {k: v for k, v in obj.items() if k != "status"}
+    if obj.get("kind") == "Pod" and isinstance(obj.get("spec"), dict):
+        copy["spec"] = {k: v for k, v in obj["spec"].items() if k != "nodeName"}
+    return copy

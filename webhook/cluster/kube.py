@@ -1,0 +1,541 @@
+"""The only importer of `kubernetes`: API clients, the live inventory caches, and one-shot reads.
+
+- `api_client(kubeconfig, environ)`: credentials found the way kubectl finds them (`--kubeconfig`, then
+  `$KUBECONFIG`, then `~/.kube/config`, else the in-cluster ServiceAccount).
+- `ClusterInventory`: background list+watch caches of Nodes, Namespaces, RuntimeClasses and
+  ResourceClaimTemplates (resource.k8s.io v1, else v1beta2, else v1beta1). A watch that drops is resumed
+  from the last resourceVersion; `410 Gone` (an HTTP status or an ERROR event with reason `Expired`) means
+  a relist; every `resync_seconds` it relists anyway. `snapshot()` never waits on the API server: it
+  returns the last state, with `synced` False until every initial list has succeeded or when the API server
+  has not answered for longer than `stale_seconds`.
+- `read_snapshot`, `read_workloads`, `read_doctor_facts`: the reads of `audit` and `doctor`, returning plain
+  JSON (kind and apiVersion set on list items) for the pure `webhook.cluster.audit` and `webhook.cluster.doctor`.
+
+The watch loop is written here rather than with `kubernetes.watch.Watch`: that helper retries a 410 once
+from the same stale resourceVersion and, with `deserialize=False`, fails on ERROR events; this one relists.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import urllib3
+from kubernetes import client as k8s
+from kubernetes import config as k8s_config
+from kubernetes.client.exceptions import ApiException
+from kubernetes.config.config_exception import ConfigException
+from kubernetes.watch.watch import iter_resp_lines
+
+from webhook.cluster.doctor import Facts
+from webhook.policy import inventory
+from webhook.policy.inventory import Snapshot
+
+log = logging.getLogger("webhook.cluster.kube")
+
+Clock = Callable[[], float]
+Json = dict[str, Any]
+ListCall = Callable[..., Any]
+
+IN_CLUSTER_TOKEN = Path("/var/run/secrets/kubernetes.io/serviceaccount/token")
+CONNECT_TIMEOUT = 5.0
+READ_TIMEOUT = 30.0
+PAGE = 500
+_NETWORK_ERRORS = (urllib3.exceptions.HTTPError, OSError, ValueError)
+
+
+class KubeError(Exception):
+    """An API call that failed, in words for a person (what, where, and what to do)."""
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+# --------------------------------------------------------------------------------------------- clients
+
+
+def api_client(kubeconfig: str | None = None, environ: Mapping[str, str] | None = None,
+               context: str | None = None) -> k8s.ApiClient:
+    """An ApiClient configured like kubectl: --kubeconfig, $KUBECONFIG, ~/.kube/config, else in-cluster."""
+    env = os.environ if environ is None else environ
+    path = kubeconfig_path(kubeconfig, env)
+    configuration = k8s.Configuration()
+    try:
+        if path is not None:
+            k8s_config.load_kube_config(  # type: ignore[no-untyped-call]
+                config_file=path, context=context, client_configuration=configuration, persist_config=False)
+        elif env.get("KUBERNETES_SERVICE_HOST"):
+            k8s_config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
+        else:
+            raise KubeError("no kubeconfig found (tried --kubeconfig, $KUBECONFIG and ~/.kube/config) and not "
+                            "running in a cluster; pass --kubeconfig FILE")
+    except (ConfigException, OSError) as err:
+        where = path or "in-cluster configuration"
+        raise KubeError(f"cannot load {where}: {err}") from None
+    return k8s.ApiClient(configuration)
+
+
+def kubeconfig_path(kubeconfig: str | None, environ: Mapping[str, str]) -> str | None:
+    """--kubeconfig, else $KUBECONFIG (a list, as kubectl merges it), else ~/.kube/config when it exists."""
+    path = kubeconfig or environ.get("KUBECONFIG") or None
+    default = Path(environ.get("HOME", str(Path.home()))) / ".kube" / "config"
+    if path is None and default.is_file():
+        path = str(default)
+    return path
+
+
+def context_namespace(kubeconfig: str | None = None, context: str | None = None,
+                      environ: Mapping[str, str] | None = None) -> str:
+    """The namespace of the kubeconfig's (current or named) context, else the ServiceAccount's, else default."""
+    env = os.environ if environ is None else environ
+    path = kubeconfig_path(kubeconfig, env)
+    if path is not None:
+        try:
+            contexts, active = k8s_config.list_kube_config_contexts(  # type: ignore[no-untyped-call]
+                config_file=path)
+        except (ConfigException, OSError):
+            return "default"
+        chosen = next((c for c in contexts if c.get("name") == context), None) if context else active
+        namespace = ((chosen or {}).get("context") or {}).get("namespace")
+        return str(namespace or "default")
+    service_account_ns = IN_CLUSTER_TOKEN.parent / "namespace"
+    if env.get("KUBERNETES_SERVICE_HOST") and service_account_ns.is_file():
+        return service_account_ns.read_text().strip() or "default"
+    return "default"
+
+
+def describe_error(err: BaseException, host: str = "") -> KubeError:
+    """An API or network error as a KubeError a person can act on."""
+    if isinstance(err, KubeError):
+        return err
+    if isinstance(err, ApiException):
+        detail = err.reason or ""
+        try:
+            body = json.loads(err.body) if err.body else {}
+            detail = body.get("message") or detail
+        except (ValueError, AttributeError):
+            pass
+        hint = {401: " (check the credentials of the kubeconfig)",
+                403: " (the identity lacks read access: see docs/cluster.md, RBAC)"}.get(err.status or 0, "")
+        return KubeError(f"API server answered {err.status}: {detail}{hint}", err.status)
+    return KubeError(f"cannot reach the API server{' at ' + host if host else ''}: {type(err).__name__}: {err}")
+
+
+def _json_call(call: ListCall, **kwargs: Any) -> Json:
+    """Call an API function without the client's models and return the JSON body."""
+    response = call(_preload_content=False, _request_timeout=(CONNECT_TIMEOUT, READ_TIMEOUT), **kwargs)
+    try:
+        data = json.loads(response.data)
+    finally:
+        response.release_conn()
+    return data if isinstance(data, dict) else {}
+
+
+def list_all(call: ListCall, kind: str, api_version: str, **kwargs: Any) -> tuple[list[Json], str]:
+    """Every item of a (paginated) list, with kind and apiVersion set, and the list's resourceVersion."""
+    items: list[Json] = []
+    token: str | None = None
+    while True:
+        page = _json_call(call, limit=PAGE, **({"_continue": token} if token else {}), **kwargs)
+        for item in page.get("items") or []:
+            if isinstance(item, dict):
+                items.append({"kind": kind, "apiVersion": api_version, **item})
+        meta = page.get("metadata") or {}
+        token = meta.get("continue") or None
+        if not token:
+            return items, str(meta.get("resourceVersion") or "")
+
+
+# --------------------------------------------------------------------------------------------- sources
+
+
+@dataclass(frozen=True)
+class Source:
+    """One watched collection: how to list it (one call per API version, newest first) and key its items."""
+
+    name: str
+    kind: str
+    versions: tuple[tuple[str, ListCall], ...]  # (apiVersion, list function)
+    parse: Callable[[Mapping[str, Any]], Any]
+    optional: bool = False  # absent or forbidden: treated as empty (DRA on clusters without it)
+
+
+def sources(api: k8s.ApiClient) -> tuple[Source, ...]:
+    core, node = k8s.CoreV1Api(api), k8s.NodeV1Api(api)
+    claims = tuple(
+        (f"resource.k8s.io/{version}", api_class(api).list_resource_claim_template_for_all_namespaces)
+        for version, api_class in (("v1", k8s.ResourceV1Api), ("v1beta2", k8s.ResourceV1beta2Api),
+                                   ("v1beta1", k8s.ResourceV1beta1Api))
+    )
+    return (
+        Source("nodes", "Node", (("v1", core.list_node),), inventory.node_from_api),
+        Source("namespaces", "Namespace", (("v1", core.list_namespace),), inventory.namespace_from_api),
+        Source("runtimeclasses", "RuntimeClass", (("node.k8s.io/v1", node.list_runtime_class),),
+               inventory.runtime_class_from_api),
+        Source("resourceclaimtemplates", "ResourceClaimTemplate", claims, inventory.claim_template_from_api,
+               optional=True),
+    )
+
+
+class _Expired(Exception):
+    """The watch's resourceVersion is too old (410 Gone): relist."""
+
+
+@dataclass
+class _Cache:
+    """One source's items and progress; changed only by its reflector thread, under the inventory's lock."""
+
+    source: Source
+    items: dict[tuple[str, str], Any] = field(default_factory=dict)
+    resource_version: str = ""
+    listed: bool = False
+    absent: str | None = None
+    last_contact: float | None = None
+    error: str | None = None
+    relists: int = 0
+    response: Any = None  # the open watch, shut down by stop()
+    call: ListCall | None = None  # the list function of the API version that answered
+
+
+class ClusterInventory:
+    """Background list+watch caches of what the inventory checks need; `snapshot()` never blocks on the API.
+
+    `clock` is monotonic seconds (a test passes its own); `stale_seconds` must exceed `watch_seconds`, the
+    longest a healthy idle watch stays silent before the server ends it.
+    """
+
+    def __init__(self, api: k8s.ApiClient, *, clock: Clock = time.monotonic, watch_seconds: int = 60,
+                 resync_seconds: float = 600.0, stale_seconds: float = 180.0,
+                 backoff: tuple[float, float] = (0.5, 30.0), source_list: tuple[Source, ...] | None = None) -> None:
+        self._api = api
+        self._clock = clock
+        self.watch_seconds = watch_seconds
+        self.resync_seconds = resync_seconds
+        self.stale_seconds = stale_seconds
+        self._backoff = backoff
+        self._caches = [_Cache(s) for s in (source_list or sources(api))]
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._version = 0
+        self._cached: tuple[tuple[int, bool, str], Snapshot] | None = None
+
+    # ----------------------------------------------------------------------------------------- lifecycle
+
+    def start(self) -> None:
+        """Start one daemon thread per source; returns at once (the first lists happen in the background)."""
+        if self._threads:
+            return
+        self._stop.clear()
+        for cache in self._caches:
+            thread = threading.Thread(target=self._run, args=(cache,), name=f"inventory-{cache.source.name}",
+                                      daemon=True)
+            thread.start()
+            self._threads.append(thread)
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Stop the threads: open watches are shut down so that no thread waits on the network."""
+        self._stop.set()
+        for cache in self._caches:
+            response = cache.response
+            if response is not None:
+                with contextlib.suppress(Exception):  # already closed, or never opened
+                    response.shutdown()
+        deadline = time.monotonic() + timeout
+        for thread in self._threads:
+            thread.join(max(deadline - time.monotonic(), 0.0))
+        self._threads = []
+
+    # ----------------------------------------------------------------------------------------- reading
+
+    @property
+    def synced(self) -> bool:
+        """Every source listed and heard from within `stale_seconds` (for a gauge and for /readyz)."""
+        return self._health()[0]
+
+    def snapshot(self) -> Snapshot:
+        """The caches now, as one frozen Snapshot (rebuilt only when something changed)."""
+        synced, reason = self._health()
+        with self._lock:
+            key = (self._version, synced, reason)
+            if self._cached is not None and self._cached[0] == key:
+                return self._cached[1]
+            parts = {c.source.name: list(c.items.values()) for c in self._caches}
+            snapshot = inventory.snapshot_of(parts.get("nodes", []), parts.get("runtimeclasses", []),
+                                             parts.get("namespaces", []), parts.get("resourceclaimtemplates", []),
+                                             synced=synced, reason=reason)
+            self._cached = (key, snapshot)
+            return snapshot
+
+    def status(self) -> dict[str, Any]:
+        """Per source: listed, item count, seconds since the API server last answered, relists, last error."""
+        now = self._clock()
+        with self._lock:
+            return {
+                c.source.name: {
+                    "listed": c.listed, "items": len(c.items), "relists": c.relists, "error": c.error,
+                    "absent": c.absent,
+                    "seconds_since_contact": None if c.last_contact is None else round(now - c.last_contact, 1),
+                }
+                for c in self._caches
+            }
+
+    def _health(self) -> tuple[bool, str]:
+        now = self._clock()
+        with self._lock:
+            for cache in self._caches:
+                name = cache.source.name
+                if not cache.listed:
+                    why = f": {cache.error}" if cache.error else ""
+                    return False, f"initial list of {name} pending{why}"
+                if cache.last_contact is not None and now - cache.last_contact > self.stale_seconds:
+                    why = f": {cache.error}" if cache.error else ""
+                    return False, f"no answer from the API server for {name} in over {self.stale_seconds:g}s{why}"
+        return True, ""
+
+    # ----------------------------------------------------------------------------------------- reflector
+
+    def _run(self, cache: _Cache) -> None:
+        delay = self._backoff[0]
+        while not self._stop.is_set():
+            try:
+                self._relist(cache)
+                delay = self._backoff[0]
+                if cache.absent is not None:
+                    self._stop.wait(self.resync_seconds)
+                    continue
+                self._watch_until_resync(cache)
+            except _Expired:
+                log.info("watch of %s expired (410 Gone): relisting", cache.source.name)
+            except (ApiException, *_NETWORK_ERRORS) as err:
+                if self._stop.is_set():
+                    break
+                message = str(describe_error(err))
+                with self._lock:
+                    cache.error = message
+                log.warning("inventory %s: %s; retrying in %.1fs", cache.source.name, message, delay)
+                self._stop.wait(delay)
+                delay = min(delay * 2, self._backoff[1])
+
+    def _relist(self, cache: _Cache) -> None:
+        source = cache.source
+        for api_version, call in source.versions:
+            try:
+                items, resource_version = list_all(call, source.kind, api_version)
+            except ApiException as err:
+                if source.optional and err.status in (403, 404):
+                    if err.status == 403 or api_version == source.versions[-1][0]:
+                        self._replace(cache, [], "", absent=str(describe_error(err)))
+                        return
+                    continue
+                raise
+            self._replace(cache, [source.parse(i) for i in items], resource_version, watch_call=call)
+            return
+
+    def _replace(self, cache: _Cache, parsed: list[Any], resource_version: str, absent: str | None = None,
+                 watch_call: ListCall | None = None) -> None:
+        fresh = {_key(p): p for p in parsed}
+        with self._lock:
+            if fresh != cache.items or not cache.listed:
+                self._version += 1
+            cache.items = fresh
+            cache.resource_version = resource_version
+            cache.listed = True
+            cache.absent = absent
+            cache.error = None
+            cache.relists += 1
+            cache.last_contact = self._clock()
+            cache.call = watch_call
+
+    def _watch_until_resync(self, cache: _Cache) -> None:
+        """Watch from the list's resourceVersion until the resync is due; a dropped stream is resumed."""
+        call = cache.call
+        if call is None:
+            return
+        deadline = self._clock() + self.resync_seconds
+        delay = self._backoff[0]
+        while not self._stop.is_set() and self._clock() < deadline:
+            response = call(watch=True, resource_version=cache.resource_version, allow_watch_bookmarks=True,
+                            timeout_seconds=self.watch_seconds, _preload_content=False,
+                            _request_timeout=(CONNECT_TIMEOUT, self.watch_seconds + READ_TIMEOUT))
+            cache.response = response
+            self._touch(cache)
+            try:
+                for line in iter_resp_lines(response):  # type: ignore[no-untyped-call]
+                    if self._stop.is_set():
+                        return
+                    if line:
+                        self._apply(cache, json.loads(line))
+                self._touch(cache)  # the server ended the watch after timeout_seconds: resume it
+                delay = self._backoff[0]
+            except (urllib3.exceptions.HTTPError, OSError) as err:
+                if self._stop.is_set():
+                    return
+                log.info("watch of %s dropped (%s): resuming from resourceVersion %s", cache.source.name,
+                         type(err).__name__, cache.resource_version)
+                self._stop.wait(delay)
+                delay = min(delay * 2, self._backoff[1])
+            finally:
+                cache.response = None
+                response.release_conn()
+
+    def _apply(self, cache: _Cache, event: Mapping[str, Any]) -> None:
+        kind, obj = event.get("type"), event.get("object")
+        if not isinstance(obj, dict):
+            return
+        if kind == "ERROR":
+            if obj.get("code") == 410 or obj.get("reason") in ("Expired", "Gone"):
+                raise _Expired
+            raise ApiException(status=obj.get("code"), reason=f"{obj.get('reason')}: {obj.get('message')}")
+        resource_version = str((obj.get("metadata") or {}).get("resourceVersion") or cache.resource_version)
+        with self._lock:
+            cache.resource_version = resource_version
+            cache.last_contact = self._clock()
+            cache.error = None
+            if kind in ("ADDED", "MODIFIED"):
+                parsed = cache.source.parse(obj)
+                key = _key(parsed)
+                if cache.items.get(key) != parsed:
+                    cache.items[key] = parsed
+                    self._version += 1
+            elif kind == "DELETED" and cache.items.pop(inventory.object_key(obj), None) is not None:
+                self._version += 1
+
+    def _touch(self, cache: _Cache) -> None:
+        with self._lock:
+            cache.last_contact = self._clock()
+
+
+def _key(parsed: Any) -> tuple[str, str]:
+    return (str(getattr(parsed, "namespace", "") or ""), str(parsed.name))
+
+
+def inventory_from_env(environ: Mapping[str, str] | None = None, kubeconfig: str | None = None,
+                       **options: Any) -> ClusterInventory:
+    """A ClusterInventory for the server (not started): in-cluster credentials, or kubectl's when outside."""
+    return ClusterInventory(api_client(kubeconfig, environ), **options)
+
+
+# --------------------------------------------------------------------------------------------- one-shot reads
+
+
+WORKLOADS: tuple[tuple[str, str, str], ...] = (
+    # (kind, apiVersion, API class method suffix)
+    ("Pod", "v1", "pod"),
+    ("Deployment", "apps/v1", "deployment"),
+    ("StatefulSet", "apps/v1", "stateful_set"),
+    ("DaemonSet", "apps/v1", "daemon_set"),
+    ("ReplicaSet", "apps/v1", "replica_set"),
+    ("Job", "batch/v1", "job"),
+    ("CronJob", "batch/v1", "cron_job"),
+)
+_SUFFIXES = {kind: suffix for kind, _, suffix in WORKLOADS}
+
+
+def _api_for(api: k8s.ApiClient, api_version: str) -> Any:
+    return {"v1": k8s.CoreV1Api, "apps/v1": k8s.AppsV1Api, "batch/v1": k8s.BatchV1Api}[api_version](api)
+
+
+def _lister(api: k8s.ApiClient, api_version: str, suffix: str, namespace: str | None) -> ListCall:
+    client_api = _api_for(api, api_version)
+    if namespace is None:
+        call: ListCall = getattr(client_api, f"list_{suffix}_for_all_namespaces")
+        return call
+    namespaced: ListCall = getattr(client_api, f"list_namespaced_{suffix}")
+    return lambda **kwargs: namespaced(namespace, **kwargs)
+
+
+def _host(api: k8s.ApiClient) -> str:
+    return str(getattr(api.configuration, "host", ""))
+
+
+def read_snapshot(api: k8s.ApiClient) -> Snapshot:
+    """Nodes, runtime classes, namespaces and claim templates, listed once (for `audit` and `doctor`)."""
+    lists: dict[str, list[Json]] = {}
+    try:
+        for source in sources(api):
+            lists[source.name] = []
+            for api_version, call in source.versions:
+                try:
+                    lists[source.name] = list_all(call, source.kind, api_version)[0]
+                    break
+                except ApiException as err:
+                    if not (source.optional and err.status in (403, 404)):
+                        raise
+    except (ApiException, *_NETWORK_ERRORS) as err:
+        raise describe_error(err, _host(api)) from None
+    return inventory.snapshot_from_api(lists["nodes"], lists["runtimeclasses"], lists["namespaces"],
+                                       lists["resourceclaimtemplates"])
+
+
+def read_workloads(api: k8s.ApiClient, namespace: str | None) -> list[Json]:
+    """Pods and workload objects of one namespace (or all), as JSON with kind and apiVersion."""
+    found: list[Json] = []
+    try:
+        for kind, api_version, suffix in WORKLOADS:
+            found.extend(list_all(_lister(api, api_version, suffix, namespace), kind, api_version)[0])
+    except (ApiException, *_NETWORK_ERRORS) as err:
+        raise describe_error(err, _host(api)) from None
+    return found
+
+
+def _read(api: k8s.ApiClient, kind: str, api_version: str, namespace: str, name: str) -> Json | None:
+    call = getattr(_api_for(api, api_version), f"read_namespaced_{_SUFFIXES[kind]}")
+    try:
+        obj = _json_call(call, name=name, namespace=namespace)
+    except ApiException as err:
+        if err.status == 404:
+            return None
+        raise
+    return {"kind": kind, "apiVersion": api_version, **obj}
+
+
+def _events(api: k8s.ApiClient, namespace: str, kind: str, name: str) -> list[Json]:
+    core = k8s.CoreV1Api(api)
+    return list_all(lambda **kw: core.list_namespaced_event(namespace, **kw), "Event", "v1",
+                    field_selector=f"involvedObject.kind={kind},involvedObject.name={name}")[0]
+
+
+OWNER_VERSIONS = {kind: api_version for kind, api_version, _ in WORKLOADS if kind != "Pod"}
+
+
+def read_doctor_facts(api: k8s.ApiClient, namespace: str, name: str) -> Facts | None:
+    """Everything `doctor` looks at for one Pod, or None when the Pod does not exist."""
+    try:
+        pod = _read(api, "Pod", "v1", namespace, name)
+        if pod is None:
+            return None
+        owners: list[Json] = []
+        current: Json = pod
+        for _ in range(3):  # Pod -> ReplicaSet -> Deployment, Pod -> Job -> CronJob
+            ref = next((r for r in (current.get("metadata") or {}).get("ownerReferences") or []
+                        if r.get("controller") and r.get("kind") in OWNER_VERSIONS), None)
+            if ref is None:
+                break
+            owner = _read(api, ref["kind"], OWNER_VERSIONS[ref["kind"]], namespace, ref["name"])
+            if owner is None:
+                break
+            owners.append(owner)
+            current = owner
+        events = _events(api, namespace, "Pod", name)
+        for owner in owners:
+            events.extend(_events(api, namespace, owner["kind"], owner["metadata"]["name"]))
+        apps = k8s.AppsV1Api(api)
+        daemonsets = list_all(apps.list_daemon_set_for_all_namespaces, "DaemonSet", "apps/v1")[0]
+        core = k8s.CoreV1Api(api)
+        running = list_all(core.list_pod_for_all_namespaces, "Pod", "v1",
+                           field_selector="status.phase!=Succeeded,status.phase!=Failed")[0]
+        snapshot = read_snapshot(api)
+    except (ApiException, *_NETWORK_ERRORS) as err:
+        raise describe_error(err, _host(api)) from None
+    return Facts(pod=pod, owners=tuple(owners), events=tuple(events), daemonsets=tuple(daemonsets),
+                 pods=tuple(running), snapshot=snapshot)

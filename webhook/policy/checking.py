@@ -1,0 +1,135 @@
+"""Offline evaluation of manifests: the engine plus the patch, applied, for `check`, `test` and `audit`.
+
+This is the same decision path as the admission server's `/mutate`: evaluate, build the JSON Patch from
+the edits, apply it. Objects are judged as a CREATE in their namespace (or the one given).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import jsonpatch
+
+from webhook.policy.engine import Context, evaluate
+from webhook.policy.findings import Mode, Operation, Verdict
+from webhook.policy.inventory import Snapshot
+from webhook.policy.manifests_io import Manifest, ManifestError, object_name, read_manifests
+from webhook.policy.patch import operations
+from webhook.policy.pods import KNOWN_KINDS, shape_problems
+from webhook.policy.rules import Policy
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """The engine's verdict on one object, the patch it implies, and the object after the patch."""
+
+    verdict: Verdict
+    patch: list[dict[str, Any]]
+    patched: Mapping[str, Any]
+
+
+def decide(policy: Policy, obj: Mapping[str, Any], namespace: str | None, operation: Operation = "CREATE",
+           mode: Mode = "mutate", *, inventory: Snapshot | None = None) -> Outcome:
+    """Evaluate one object and apply the patch, exactly as the admission server would answer.
+
+    `inventory` (from `audit` and `doctor`) adds the live-cluster checks and the namespace's labels."""
+    verdict = evaluate(policy, obj, Context(namespace, operation, mode, inventory=inventory))
+    ops = operations(obj, verdict.edits) if verdict.allowed else []
+    patched = jsonpatch.apply_patch(obj, ops) if ops else obj
+    return Outcome(verdict, ops, patched)
+
+
+@dataclass(frozen=True)
+class Result:
+    """One object of a manifest file, judged."""
+
+    manifest: Manifest
+    namespace: str
+    outcome: Outcome
+    template_injections: tuple[str, ...] = ()
+
+    @property
+    def verdict(self) -> Verdict:
+        return self.outcome.verdict
+
+    @property
+    def patch(self) -> list[dict[str, Any]]:
+        return self.outcome.patch
+
+    @property
+    def patched(self) -> Mapping[str, Any]:
+        return self.outcome.patched
+
+    @property
+    def kind(self) -> str:
+        return str(self.manifest.obj.get("kind"))
+
+    @property
+    def name(self) -> str:
+        return object_name(self.manifest.obj)
+
+    def to_json(self) -> dict[str, Any]:
+        v = self.verdict
+        return {
+            "file": self.manifest.source,
+            "line": self.manifest.line,
+            "kind": self.kind,
+            "name": self.name,
+            "namespace": self.namespace,
+            "allowed": v.allowed,
+            "class": v.gpu_class,
+            "chosen": list(v.choices),
+            "gpus": v.gpus,
+            "violations": [{"rule": f.rule, "message": f.message} for f in v.violations],
+            "warnings": [f.render() for f in v.warnings],
+            "patch": self.patch,
+            "object": self.patched,
+        }
+
+
+def namespace_of(obj: Mapping[str, Any], default: str | None) -> str:
+    """--namespace wins for objects that name none; otherwise the object's own; otherwise `default`."""
+    meta = obj.get("metadata")
+    own = meta.get("namespace") if isinstance(meta, Mapping) else None
+    return str(own or default or "default")
+
+
+def check_sources(policy: Policy, sources: Sequence[tuple[str, str]], namespace: str | None) -> list[Result]:
+    """Judge every object of every (name, text) source; raises ManifestError naming file and line."""
+    results = []
+    for source, text in sources:
+        for manifest in read_manifests(source, text):
+            problems = shape_problems(manifest.obj)
+            if problems:
+                raise ManifestError(f"{manifest.where()}: {'; '.join(problems)}; fix the manifest "
+                                    "(the API server would refuse it)")
+            ns = namespace_of(manifest.obj, namespace)
+            outcome = decide(policy, manifest.obj, ns)
+            results.append(Result(manifest, ns, outcome, _template_preview(policy, manifest.obj, ns, outcome)))
+    return results
+
+
+def _template_preview(policy: Policy, obj: Mapping[str, Any], namespace: str, outcome: Outcome) -> tuple[str, ...]:
+    """For a workload whose template is not mutated: what each Pod it creates will receive at admission."""
+    if policy.mutate_templates or obj.get("kind") in (None, "Pod") or obj.get("kind") not in KNOWN_KINDS:
+        return ()
+    if not outcome.verdict.allowed or outcome.verdict.gpu_class is None:
+        return ()
+    preview = decide(dataclasses.replace(policy, mutate_templates=True), obj, namespace)
+    return tuple(describe_edits(preview.patch))
+
+
+def describe_edits(ops: Sequence[Mapping[str, Any]]) -> list[str]:
+    """JSON Patch operations in words: `/spec/nodeSelector = {"workload": "inference"}`."""
+    lines = []
+    for op in ops:
+        path = str(op["path"]).replace("~1", "/").replace("~0", "~")
+        if op["op"] == "remove":
+            lines.append(f"{path} removed")
+        else:
+            lines.append(f"{path} = {json.dumps(op['value'], sort_keys=False)}")
+    return lines

@@ -1,0 +1,708 @@
+"""The policy engine: one decision path for the admission server, `check`, `test` and `audit`.
+
+`evaluate(policy, object, context)` returns a `Verdict`: violations (denials), warnings and edits. It reads
+nothing but its arguments. The checks, in the order a person would fix them:
+
+1. per container: GPU quantities parse, are whole and non-negative, are set in limits, and requests equal
+   limits (the API server's own rules, said earlier and with a fix); per-container maxima;
+2. no GPUs in pod-level `spec.resources`;
+3. the Pod's class, one value per axis, chosen in this order: the Pod's class label; what its own
+   nodeSelector and required node affinity select (`webhook.policy.selection`, through the rules' aliases); what
+   its GPU resources exist on (`validFor`); the default another chosen value sets; the namespace default;
+   the cluster default. A value the Pod's own selection excludes is never chosen: the axis is then left
+   out, with a warning when the Pod names a GPU no value covers. The class must exist, the namespace may
+   use it, the effective GPU count fits it, and what the developer wrote agrees with it;
+4. GPU access the scheduler does not see (GPU env, runtime class or taint toleration without a request);
+5. then, for GPU Pods on CREATE: the class's nodeSelector, tolerations and other fields as edits (the
+   mutating endpoint), or, at the validating endpoint, a violation when they are missing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import Any, Literal, NamedTuple
+
+from webhook.policy import inventory, pods, quantity, selection
+from webhook.policy.findings import Edit, Finding, Mode, Operation, Verdict
+from webhook.policy.inventory import Snapshot
+from webhook.policy.pods import ContainerRef, PodSpecRef, render_path
+from webhook.policy.rules import ANNOTATION_PREFIX, Axis, Contribution, GPUResource, NamespacePolicy, Policy
+from webhook.policy.selection import NO_SELECTION, Term
+
+MIRROR_ANNOTATION = "kubernetes.io/config.mirror"
+CLASS_ANNOTATION = ANNOTATION_PREFIX + "class"
+RULES_ANNOTATION = ANNOTATION_PREFIX + "rules"
+DEFAULT_SCHEDULER = "default-scheduler"
+NO_GPU_VALUES = frozenset({"void", "none", ""})
+GPU_ENV = "NVIDIA_VISIBLE_DEVICES"
+
+
+class Context(NamedTuple):
+    """Where an object is being admitted: the authoritative namespace, the operation, and which endpoint asks.
+
+    `old_object` is the stored object on UPDATE: a workload whose pod template did not change is not
+    re-judged, so scaling or relabelling an existing Deployment is never blocked by a newer rule.
+    `namespace_labels` are the namespace's labels when the cluster is known (for `namespaceSelectors`).
+    `inventory` is the live cluster (nodes, runtime classes, namespaces, claim templates) when the server
+    watches it: GPU pod specs are then also checked against it. None (no cluster access): those checks are off.
+    """
+
+    namespace: str | None
+    operation: Operation = "CREATE"
+    mode: Mode = "mutate"
+    old_object: Mapping[str, Any] | None = None
+    namespace_labels: Mapping[str, str] | None = None
+    inventory: Snapshot | None = None
+
+
+@dataclass
+class _Collector:
+    """Findings, edits and the classes chosen, gathered while one object is evaluated."""
+
+    policy: Policy
+    findings: list[Finding] = field(default_factory=list)
+    edits: list[Edit] = field(default_factory=list)
+    classes: list[ChosenClass] = field(default_factory=list)
+
+    def add(self, rule: str, message: str) -> None:
+        level = self.policy.enforcement_of(rule)
+        if level != "off":
+            self.findings.append(Finding(rule, message, level))
+
+
+class Pick(NamedTuple):
+    """One axis's value, how it was chosen, and whether its nodeSelector is injected: not when the Pod's own
+    selection already places it, nor when the live nodes show it would leave the Pod no node."""
+
+    axis: Axis
+    value: str
+    how: str
+    inject: bool = True
+    defaulted: bool = False  # chosen by a default, not by the Pod's label, selection or resources
+
+
+class ChosenClass(NamedTuple):
+    """The class a GPU Pod runs in: one `Pick` per axis that contributes, its name, and the axes left out."""
+
+    picks: tuple[Pick, ...]
+    name: str  # `workload=inference,gpu-type=t4`, or "default" when the policy has no axes
+    skipped: tuple[str, ...] = ()  # `gpu-type: left out: why`
+    plan_key: str = ""  # the memo key of its plan: the name, and the axes whose placement is not injected
+
+    @classmethod
+    def of(cls, picks: Sequence[Pick], skipped: Sequence[str] = ()) -> ChosenClass:
+        name = _class_name(tuple([(p.axis.name, p.value) for p in picks]))
+        held = [p.axis.name for p in picks if not p.inject]
+        return cls(tuple(picks), name, tuple(skipped), f"{name}/without:{','.join(held)}" if held else name)
+
+    def contributions(self) -> list[tuple[str, Contribution, bool]]:
+        """(source, contribution, whether its node placement is injected) per pick."""
+        return [(f"{p.axis.name} {p.value}", p.axis.values[p.value], p.inject) for p in self.picks]
+
+    def explain(self) -> list[str]:
+        """How each axis was chosen or why it was left out, for `check` and `test`."""
+        told = [f"{p.axis.name}={p.value} from the {p.how}" + ("" if p.inject else " (nodeSelector not added)")
+                for p in self.picks]
+        return told + list(self.skipped)
+
+
+@lru_cache(maxsize=1024)
+def _class_name(pairs: tuple[tuple[str, str], ...]) -> str:
+    return ",".join(f"{axis}={value}" for axis, value in pairs) or "default"
+
+
+def evaluate(policy: Policy, obj: Mapping[str, Any] | None, ctx: Context) -> Verdict:
+    """Decide on one object (a Pod, a workload with a pod template, or anything else: allowed untouched)."""
+    if not isinstance(obj, dict) or ctx.operation in ("DELETE", "CONNECT"):
+        return Verdict()
+    metadata = pods.mapping(obj.get("metadata"))
+    namespace = ctx.namespace or metadata.get("namespace") or "default"
+    if namespace in policy.exempt_namespaces:
+        return Verdict(notes=(f"namespace {namespace} is exempt",))
+    kind = obj.get("kind")
+    if kind == "Pod" and ctx.operation == "UPDATE":
+        return Verdict(notes=("Pod updates cannot change placement or resources; not judged",))
+    specs = pods.pod_specs(obj)
+    if ctx.operation == "UPDATE" and ctx.old_object is not None and _templates_unchanged(specs, ctx.old_object):
+        return Verdict(notes=("pod template unchanged by this update; not judged",))
+    collector = _Collector(policy)
+    gpu_class: str | None = None
+    total = 0
+    for ref in specs:
+        result = _evaluate_spec(policy, obj, ref, namespace, ctx, collector)
+        if result is not None:
+            gpu_class = result[0] or gpu_class
+            total += result[1]
+    classes = tuple(collector.classes)
+    if not collector.findings:  # the usual case: nothing to sort
+        return Verdict(edits=tuple(collector.edits), gpu_class=gpu_class, gpus=total, classes=classes)
+    violations = tuple(f for f in collector.findings if f.enforcement == "deny")
+    warnings = tuple(f for f in collector.findings if f.enforcement == "warn")
+    edits = () if violations else tuple(collector.edits)
+    return Verdict(violations=violations, warnings=warnings, edits=edits, gpu_class=gpu_class, gpus=total,
+                   classes=classes)
+
+
+def _placed_by_classes(policy: Policy, name: str) -> bool:
+    resource = policy.gpu_resource(name)
+    return resource is not None and resource.classes
+
+
+def _templates_unchanged(specs: Sequence[PodSpecRef], old: Mapping[str, Any]) -> bool:
+    return bool(specs) and all(
+        pods.get(old, ref.spec_path) == ref.spec and (pods.get(old, ref.metadata_path) or {}) == ref.metadata
+        for ref in specs
+    )
+
+
+def _evaluate_spec(policy: Policy, obj: Mapping[str, Any], ref: PodSpecRef, namespace: str, ctx: Context,
+                   out: _Collector) -> tuple[str | None, int] | None:
+    """Check one pod spec; returns (class name or None, GPU count) for a GPU pod spec, None otherwise.
+
+    A spec whose GPU quantities are wrong is still a GPU spec: its class is judged too, so that every
+    independent problem is reported in one answer."""
+    before = len(out.findings)
+    per_resource = _check_containers(policy, ref, out)
+    _check_pod_level(policy, ref, out)
+    flawed = len(out.findings) > before  # some GPU quantity is wrong: the spec asks for GPUs all the same
+    gpus = 0
+    placed = False  # some container asks for a resource that the classes place
+    for name, counts in per_resource.items():
+        count = pods.effective_count(counts)
+        gpus += count
+        placed = placed or ((count > 0 or flawed) and _placed_by_classes(policy, name))
+    claims = inventory.gpu_claims(policy, ctx.inventory, namespace, ref.spec) if ctx.inventory else ()
+    if gpus == 0 and not claims and not flawed:
+        _check_unaccounted_access(policy, ref, out)
+        return None
+    if not claims and not placed:
+        return None, gpus
+    chosen = _choose_class(policy, ref, namespace, ctx, per_resource, out)
+    if chosen is None:
+        return None, gpus
+    _check_class_fit(policy, ref, chosen, per_resource, gpus, out)
+    if ref.spec_path == ("spec",) and isinstance(ref.spec.get("nodeName"), str) and ref.spec.get("nodeName"):
+        out.add("gpu-node-name-preset",
+                f"spec.nodeName={ref.spec['nodeName']!r} bypasses the scheduler's GPU accounting; remove it "
+                "(the class nodeSelector places the Pod)")
+    if MIRROR_ANNOTATION in pods.mapping(pods.mapping(obj.get("metadata")).get("annotations")):
+        return chosen.name, gpus  # the kubelet's mirror of a static Pod: immutable, never patched
+    edits = _class_edits(policy, ref, chosen)  # what the class adds: injected, checked or required below
+    keep_runtime = True
+    if ctx.inventory is not None:
+        chosen, edits, keep_runtime = _check_inventory(policy, ref, chosen, edits, per_resource, ctx.inventory,
+                                                       ctx.mode, out)
+    out.classes.append(chosen)
+    if ctx.mode == "mutate":
+        if (not ref.is_template or policy.mutate_templates) and obj.get("kind") in pods.KNOWN_KINDS:
+            out.edits.extend(edits if keep_runtime else [e for e in edits if not _is_runtime_edit(ref, e)])
+    elif not ref.is_template and not any(f.enforcement == "deny" for f in out.findings):
+        # Only once the Pod is otherwise fine: a Pod denied for its quantities is fixed first.
+        _require_class(ref, chosen, edits, out)
+    return chosen.name, gpus
+
+
+def _check_inventory(policy: Policy, ref: PodSpecRef, chosen: ChosenClass, edits: list[Edit],
+                     per_resource: Mapping[str, list[tuple[ContainerRef, int]]], snapshot: Snapshot, mode: Mode,
+                     out: _Collector) -> tuple[ChosenClass, list[Edit], bool]:
+    """The live-cluster checks of a GPU pod spec with its class `edits` (webhook.policy.inventory): the class with
+    the axes whose nodeSelector would leave the Pod no node held back, its edits, and False when
+    runtimeClassName must not be injected."""
+    if not snapshot.synced:
+        out.add("gpu-inventory-unavailable",
+                f"the cluster inventory is not synced ({snapshot.reason or 'starting'}): the checks against GPU "
+                "nodes and runtime classes were skipped; nothing to change in the Pod")
+        return chosen, edits, True
+    requests = {name: pods.effective_count(counts) for name, counts in per_resource.items()
+                if _placed_by_classes(policy, name)}
+    spared = _spare_nodes(ref, chosen, snapshot, [name for name, count in requests.items() if count > 0], out)
+    if spared is not chosen:
+        chosen, edits = spared, _class_edits(policy, ref, spared)
+    judged = edits if mode == "mutate" else [e for e in edits if not _is_runtime_edit(ref, e)]
+    result = inventory.assess(snapshot, inventory.placement(ref.spec, ref.spec_path, judged), requests, chosen.name)
+    for rule, message in result.findings:
+        out.add(rule, message)
+    return chosen, edits, result.keep_runtime_class
+
+
+def _spare_nodes(ref: PodSpecRef, chosen: ChosenClass, snapshot: Snapshot, resources: Sequence[str],
+                 out: _Collector) -> ChosenClass:
+    """No harm on the live nodes: hold back, axis by axis, a default's nodeSelector that would leave the Pod
+    none of the GPU nodes its own selection matches (and say so). A value the Pod chose itself is kept (a class
+    label that matches no node is `gpu-class-no-node`'s to report). The class, unchanged when nothing is held."""
+    written = inventory.placement(ref.spec, ref.spec_path)
+    if not written.node_selector and not written.node_affinity:
+        return chosen  # a Pod that chose no nodes gets the platform's defaults (gpu-class-no-node tells if none fit)
+    matched = [n for n in snapshot.nodes if any(n.offers(r) > 0 for r in resources) and inventory.selects(n, written)]
+    if not matched:
+        return chosen  # the Pod as written matches no GPU node: the capacity checks say so
+    selector = dict(written.node_selector)
+    picks: list[Pick] = []
+    held = False
+    for pick in chosen.picks:
+        wanted = {k: v for k, v in pick.axis.values[pick.value].node_selector.items() if k not in selector}
+        if not pick.defaulted or not pick.inject or not wanted:  # the Pod's own choice is kept: its label
+            picks.append(pick)
+            continue
+        trial = dataclasses.replace(written, node_selector={**selector, **wanted})
+        if any(inventory.selects(n, trial) for n in matched):
+            selector.update(wanted)
+            picks.append(pick)
+            continue
+        held = True
+        picks.append(pick._replace(inject=False))
+        shown = ", ".join(n.name for n in matched[:3])
+        out.add("gpu-class-skipped",
+                f"{pick.axis.name} {pick.value} (from the {pick.how}) was not applied: its nodeSelector "
+                f"{', '.join(f'{k}={v}' for k, v in sorted(wanted.items()))} would leave the Pod no node, while as "
+                f"written it matches {len(matched)} GPU node{'s' if len(matched) != 1 else ''} ({shown}); label the "
+                f"Pod {pick.axis.label} like those nodes")
+    return ChosenClass.of(picks, chosen.skipped) if held else chosen
+
+
+def _is_runtime_edit(ref: PodSpecRef, edit: Edit) -> bool:
+    return edit.path == ref.spec_path and edit.key == "runtimeClassName"
+
+
+# --------------------------------------------------------------------------------------------- containers
+
+
+def gpu_requests(policy: Policy, spec: Mapping[str, Any]) -> dict[str, int]:
+    """Each GPU resource a Pod's spec holds, counted as the scheduler counts it (`doctor`'s view of a Pod)."""
+    ref = PodSpecRef(("spec",), ("metadata",), spec, {}, False)
+    counted = _check_containers(policy, ref, _Collector(policy))
+    return {name: n for name, counts in counted.items() if (n := pods.effective_count(counts))}
+
+
+def _check_containers(policy: Policy, ref: PodSpecRef, out: _Collector) -> dict[str, list[tuple[ContainerRef, int]]]:
+    """Per-container quantity rules; returns, per GPU resource name, each container's valid count."""
+    per_resource: dict[str, list[tuple[ContainerRef, int]]] = {}
+    for cref in pods.containers(ref):
+        resources = cref.container.get("resources")
+        if not isinstance(resources, dict):
+            continue
+        limits = pods.mapping(resources.get("limits"))
+        requests = pods.mapping(resources.get("requests"))
+        for name in {**limits, **requests}:  # the names in limits, then those only in requests
+            resource = policy.gpu_resource(name) if isinstance(name, str) else None
+            if resource is not None:
+                count = _check_quantity(resource, cref, name, limits, requests, out)
+                per_resource.setdefault(name, []).append((cref, count))
+    return per_resource
+
+
+def _check_quantity(resource: GPUResource, cref: ContainerRef, name: str, limits: Mapping[str, Any],
+                    requests: Mapping[str, Any], out: _Collector) -> int:
+    """One GPU resource of one container; returns the count it asks for (0 when it is invalid)."""
+    values: dict[str, int | None] = {}
+    for part, table in (("limits", limits), ("requests", requests)):
+        if name not in table:
+            continue
+        raw = table[name]
+        try:
+            value = quantity.count(raw)
+        except quantity.QuantityError as err:
+            out.add("gpu-quantity-invalid", f"{_at(cref, part, name)} {err}")
+            values[part] = None
+            continue
+        if value < 0:
+            out.add("gpu-quantity-invalid",
+                    f'{_at(cref, part, name)} "{quantity.display(raw)}": must be greater than or equal to 0; '
+                    f"ask for a whole number of GPUs such as 1")
+            values[part] = None
+        elif not isinstance(value, int):
+            out.add("gpu-whole-number",
+                    f'{_at(cref, part, name)} "{quantity.display(raw)}": must be an integer; a GPU cannot be split'
+                    f" this way: ask for whole GPUs, or use a shared (nvidia.com/gpu.shared) or "
+                    f"MIG (nvidia.com/mig-1g.5gb) resource")
+            values[part] = None
+        else:
+            values[part] = value
+    limit, request = values.get("limits"), values.get("requests")
+    if "requests" in values and "limits" not in values:
+        out.add("gpu-limits-required",
+                f"{cref.where()}: {name} is in requests but not in limits; GPUs are requested in limits: move "
+                f"{name}: {quantity.display(requests[name])} to resources.limits")
+        return 0
+    if limit is not None and request is not None and limit != request:
+        out.add("gpu-requests-equal-limits",
+                f'{cref.where()}: resources.requests: Invalid value: "{quantity.display(requests[name])}": '
+                f"must be equal to {name} limit of {quantity.display(limits[name])}; set requests equal to limits, "
+                f"or remove the request (it defaults to the limit)")
+    count = limit if limit is not None else 0
+    if resource.max_per_container is not None and count > resource.max_per_container:
+        why = f" ({resource.reason})" if resource.reason else ""
+        out.add("gpu-per-container-max",
+                f"{cref.where()}: asks for {count} {name} but a container may have at most {resource.max_per_container}"
+                f"{why}; ask for {resource.max_per_container}, or use whole GPUs (nvidia.com/gpu)")
+    return count
+
+
+def _at(cref: ContainerRef, part: str, name: str) -> str:
+    return f"{cref.where()}: resources.{part}[{name}]: Invalid value:"
+
+
+def _check_pod_level(policy: Policy, ref: PodSpecRef, out: _Collector) -> None:
+    resources = ref.spec.get("resources")
+    if not isinstance(resources, dict):
+        return
+    for part in ("limits", "requests"):
+        table = resources.get(part)
+        if not isinstance(table, dict):
+            continue
+        for name in table:
+            if isinstance(name, str) and policy.gpu_resource(name):
+                out.add("gpu-pod-level-resources",
+                        f"{render_path((*ref.spec_path, 'resources', part))}[{name}]: GPUs cannot be set in pod-level "
+                        "resources (only cpu, memory and hugepages can); move it to each container's "
+                        "resources.limits")
+
+
+def _check_unaccounted_access(policy: Policy, ref: PodSpecRef, out: _Collector) -> None:
+    """A spec with no GPU request that can still reach GPUs, or sits on GPU nodes for nothing."""
+    for cref in pods.containers(ref):
+        env = cref.container.get("env")
+        for var in env if isinstance(env, list) else []:
+            if isinstance(var, dict) and var.get("name") == GPU_ENV and "value" in var:
+                value = str(var.get("value") or "")
+                if value.strip().lower() not in NO_GPU_VALUES:
+                    out.add("gpu-env-without-request",
+                            f"{cref.where()}: {GPU_ENV}={value} reaches GPUs the scheduler does not count; "
+                            "request nvidia.com/gpu in limits")
+    runtime = ref.spec.get("runtimeClassName")
+    if isinstance(runtime, str) and runtime in policy.gpu_runtime_classes:
+        out.add("gpu-runtime-without-request",
+                f"{render_path((*ref.spec_path, 'runtimeClassName'))}={runtime} without a GPU request; "
+                "request nvidia.com/gpu in limits or drop it")
+    tolerations = ref.spec.get("tolerations")
+    taint_keys = policy.gpu_taint_keys
+    for tol in tolerations if isinstance(tolerations, list) else []:
+        key = tol.get("key") if isinstance(tol, dict) else None
+        if isinstance(key, str) and key in taint_keys and tol.get("effect") in (None, "", "NoSchedule"):
+            out.add("gpu-toleration-without-request",
+                    f"{render_path((*ref.spec_path, 'tolerations'))}: tolerates {tol.get('key')} with no GPU "
+                    "request (it may hold a GPU node); drop it or request a GPU")
+            break
+
+
+# --------------------------------------------------------------------------------------------- classes
+
+
+def _choose_class(policy: Policy, ref: PodSpecRef, namespace: str, ctx: Context,
+                  per_resource: Mapping[str, list[tuple[ContainerRef, int]]], out: _Collector) -> ChosenClass | None:
+    """One value per axis (see the module docstring for the order), or None when a label or the namespace
+    policy refuses the class; every axis is judged, so each refusal is reported."""
+    labels = pods.mapping(ref.metadata.get("labels"))
+    ns_labels = ctx.namespace_labels
+    if ns_labels is None and ctx.inventory is not None:
+        ns_labels = ctx.inventory.namespace_labels(namespace)
+    ns_policy = policy.namespace_policy(namespace, labels=ns_labels)
+    terms = selection.terms_of(ref.spec, ref.spec_path)
+    limits = _resource_limits(policy, per_resource)
+    picked: dict[str, Pick] = {}
+    skipped: list[str] = []
+    undecided: list[Axis] = []
+    ok = True
+    for axis in policy.axes:  # first what the Pod itself says: its label, its selection, its resources
+        if terms is NO_SELECTION and labels.get(axis.label) is None and axis.name not in limits:
+            undecided.append(axis)  # the usual Pod says nothing about its class
+            continue
+        said = _said_by_pod(ref, axis, labels, terms, limits.get(axis.name), out, skipped)
+        if said == "open":
+            undecided.append(axis)
+        elif isinstance(said, Pick) and _allowed(axis, said, namespace, ns_policy, out):
+            picked[axis.name] = said
+            terms = selection.keep_terms(axis, said.value, terms)
+        elif said != "left out":
+            ok = False
+    for axis in undecided:  # then the defaults, within what the Pod's selection and resources admit
+        admits = _admitted(axis, terms, limits.get(axis.name))
+        pick = _default(axis, picked, ns_policy, namespace, admits)
+        if not isinstance(pick, Pick):
+            if pick and admits is not None:
+                skipped.append(f"{axis.name}: left out: no default is one of the values the Pod admits "
+                               f"({', '.join(sorted(admits))})")
+            continue
+        if _allowed(axis, pick, namespace, ns_policy, out):
+            picked[axis.name] = pick
+            terms = selection.keep_terms(axis, pick.value, terms)
+        else:
+            ok = False
+    if not ok:
+        return None
+    return ChosenClass.of([picked[a.name] for a in policy.axes if a.name in picked], skipped)
+
+
+_Limit = tuple[frozenset[str], str, ContainerRef]  # the values a resource exists on, its name, who asks
+_Unsaid = Literal["open", "refused", "left out"]
+
+
+def _resource_limits(policy: Policy, per_resource: Mapping[str, list[tuple[ContainerRef, int]]]) -> dict[str, _Limit]:
+    """Per axis, the values every GPU resource of the spec exists on (`validFor`), the resource and a container
+    that asks for it."""
+    limits: dict[str, _Limit] = {}
+    for name, counts in per_resource.items():
+        resource = policy.gpu_resource(name)
+        if resource is None or not resource.valid_for:
+            continue
+        for axis_name, values in resource.valid_for.items():
+            known = limits.get(axis_name)
+            limits[axis_name] = (values if known is None else known[0] & values, name, counts[0][0])
+    return limits
+
+
+def _admitted(axis: Axis, terms: tuple[Term, ...], limit: _Limit | None) -> frozenset[str] | None:
+    """The values the Pod's selection and resources leave open for the axis (None: all of them)."""
+    admits = None if terms is NO_SELECTION else selection.candidates(axis, terms)
+    if limit is not None:
+        admits = limit[0] if admits is None else admits & limit[0]
+    return admits
+
+
+def _said_by_pod(ref: PodSpecRef, axis: Axis, labels: Mapping[str, Any], terms: tuple[Term, ...],
+                 limit: _Limit | None, out: _Collector, skipped: list[str]) -> Pick | _Unsaid:
+    """The axis value the Pod's label, own selection or resources determine, else "open" when they leave it
+    to the defaults, "refused" when they contradict each other or the rules (reported), "left out" when
+    the Pod names a GPU the axis does not cover (warned)."""
+    selected = None if terms is NO_SELECTION else selection.candidates(axis, terms)
+    label_value = labels.get(axis.label)
+    if label_value is not None:
+        value = str(label_value)
+        label_at = f"{render_path((*ref.metadata_path, 'labels'))}[{axis.label}]"
+        if value not in axis.values:
+            out.add("gpu-class-unknown",
+                    f'{label_at}: "{value}" is not a {axis.name} class; choose one of: {", ".join(axis.values)}')
+            return "refused"
+        if selected is not None and value not in selected:
+            names = f"{axis.name} {', '.join(sorted(selected))}" if selected else f"no {axis.name} value of the rules"
+            out.add("gpu-class-conflict",
+                    f'{label_at} is "{value}" but the Pod\'s own selection {selection.describe(axis, terms)} '
+                    f"admits {names}; remove the label or that selector, so that only one of them names the GPU")
+            return "refused"
+        if limit is not None and value not in limit[0]:
+            out.add("gpu-class-conflict",
+                    f'{label_at} is "{value}" but {limit[2].where()} asks for {limit[1]}, which exists only on '
+                    f"{axis.name} {', '.join(sorted(limit[0]))}; set the label to one of those, or ask for "
+                    "another resource")
+            return "refused"
+        return Pick(axis, value, f"label {axis.label}")
+    admits = _admitted(axis, terms, limit)
+    if selected is not None and not selected:
+        _skip(axis, out, skipped, f"{selection.describe(axis, terms)} selects a GPU that no {axis.name} value of the "
+              f"rules covers ({', '.join(axis.values)}), so {axis.name} is left as the Pod chose it (a class label "
+              f"would replace that selector); label {axis.label} or add the GPU to the rules")
+        return "left out"
+    if admits is not None and not admits and limit is not None:
+        _skip(axis, out, skipped, f"{selection.describe(axis, terms)} selects {axis.name} "
+              f"{', '.join(sorted(selected or ()))} but {limit[2].where()} asks for {limit[1]}, which exists only on "
+              f"{axis.name} {', '.join(sorted(limit[0]))}: no node has both; select a GPU with {limit[1]} or "
+              "another resource")
+        return "left out"
+    if selected is not None and len(selected) == 1:
+        return Pick(axis, next(iter(selected)), f"Pod's own selection {selection.describe(axis, terms)}", False)
+    if admits is not None and len(admits) == 1 and limit is not None:
+        return Pick(axis, next(iter(admits)), f"resource {limit[1]} ({limit[2].where()})")
+    return "open"
+
+
+def _skip(axis: Axis, out: _Collector, skipped: list[str], message: str) -> None:
+    out.add("gpu-class-skipped", message)
+    skipped.append(f"{axis.name}: left out: {message.split('; ')[0]}")
+
+
+def _default(axis: Axis, picked: Mapping[str, Pick], ns_policy: NamespacePolicy | None, namespace: str,
+             admits: frozenset[str] | None) -> Pick | bool:
+    """The first default the Pod admits, for an axis it left open: the one a chosen value of another axis sets,
+    the namespace's, the cluster's. Else whether there was a default at all (the Pod excluded them)."""
+    offered = False
+    for other in picked.values():
+        value = other.axis.values[other.value].defaults.get(axis.name)
+        if value is not None:
+            if admits is None or value in admits:
+                return Pick(axis, value, f"default of {other.axis.name} {other.value}", True, True)
+            offered = True
+    if ns_policy and axis.name in ns_policy.defaults:
+        value = ns_policy.defaults[axis.name]
+        if admits is None or value in admits:
+            via = f" (namespaceSelectors.{ns_policy.name})" if ns_policy.match_labels else ""
+            return Pick(axis, value, f"namespace {namespace} default{via}", True, True)
+        offered = True
+    if axis.default is not None:
+        if admits is None or axis.default in admits:
+            return Pick(axis, axis.default, "cluster default", True, True)
+        offered = True
+    return offered
+
+
+def _allowed(axis: Axis, pick: Pick, namespace: str, ns_policy: NamespacePolicy | None, out: _Collector) -> bool:
+    """Whether the namespace may use the value (reported when not)."""
+    allowed = ns_policy.allowed.get(axis.name) if ns_policy else None
+    if allowed is None or pick.value in allowed:
+        return True
+    out.add("gpu-class-not-allowed",
+            f"namespace {namespace} may not use {axis.name} {pick.value} (from the {pick.how}); set the label "
+            f"{axis.label} to one of: {', '.join(allowed)}")
+    return False
+
+
+def _check_class_fit(policy: Policy, ref: PodSpecRef, chosen: ChosenClass,
+                     per_resource: Mapping[str, list[tuple[ContainerRef, int]]], gpus: int, out: _Collector) -> None:
+    plan = _plan(policy, chosen)
+    if plan.cap and gpus > plan.cap[0]:
+        cap, source = plan.cap
+        out.add("gpu-class-max",
+                f"the Pod needs {gpus} GPUs ({', '.join(per_resource)}: containers and sidecars, or the largest init "
+                f"container) but class {chosen.name} allows at most {cap} (set by {source}); ask for fewer, or pick a "
+                "class that allows more with the class labels")
+    spec, spec_path = ref.spec, ref.spec_path
+    for key, wanted, source in plan.required:
+        mine = spec.get(key)
+        defaulted = key == "schedulerName" and mine == DEFAULT_SCHEDULER
+        if isinstance(mine, str) and mine and mine != wanted and not defaulted:
+            out.add("gpu-class-conflict",
+                    f'{render_path((*spec_path, key))} is "{mine}" but class {chosen.name} ({source}) '
+                    f'requires "{wanted}"; remove it from the Pod or pick the class you meant')
+
+
+def _class_fields(contribution: Contribution) -> list[tuple[str, str]]:
+    """The single-valued pod spec fields a class axis value requires."""
+    fields = [
+        ("runtimeClassName", contribution.runtime_class_name),
+        ("priorityClassName", contribution.priority_class_name),
+        ("schedulerName", contribution.scheduler_name),
+    ]
+    return [(name, value) for name, value in fields if value]
+
+
+# --------------------------------------------------------------------------------------------- edits
+
+
+@dataclass(frozen=True)
+class ClassPlan:
+    """Everything a class adds to a GPU Pod, merged once per class: `common` first, then each axis value."""
+
+    node_selector: Mapping[str, str]
+    tolerations: tuple[Mapping[str, Any], ...]
+    fields: tuple[tuple[str, str], ...]
+    node_affinity: Mapping[str, Any] | None
+    labels: Mapping[str, str]
+    annotations: Mapping[str, str]
+    cap: tuple[int, str] | None  # the class maximum and the axis value that sets it
+    required: tuple[tuple[str, str, str], ...]  # (field, value, source): the single-valued fields axis values require
+
+
+def _plan(policy: Policy, chosen: ChosenClass) -> ClassPlan:
+    """The merged plan of a class, memoised on the (immutable) policy."""
+    key = chosen.plan_key
+    plan: ClassPlan | None = policy.plans.get(key)
+    if plan is not None:
+        return plan
+    contributions = [policy.common, *(c for _, c, _ in chosen.contributions())]
+    placing = [policy.common, *(c for _, c, inject in chosen.contributions() if inject)]
+    selector: dict[str, str] = {}
+    tolerations: list[Mapping[str, Any]] = []
+    fields: dict[str, str] = {}
+    labels: dict[str, str] = {}
+    annotations: dict[str, str] = {}
+    for c in placing:
+        for label, value in c.node_selector.items():
+            selector.setdefault(label, value)
+    for c in contributions:
+        tolerations.extend(t for t in c.tolerations if not _covered(tolerations, t))
+        for name, wanted in _class_fields(c):
+            fields[name] = wanted  # an axis value's requirement wins over `common`'s default
+        for name, value in c.labels.items():
+            labels.setdefault(name, value)
+        for name, value in c.annotations.items():
+            annotations.setdefault(name, value)
+    affinity = next((c.node_affinity for c in placing if c.node_affinity), None)
+    caps = [(c.max_gpus_per_pod, source) for source, c, _ in chosen.contributions() if c.max_gpus_per_pod]
+    required = [(k, v, source) for source, c, _ in chosen.contributions() for k, v in _class_fields(c)]
+    plan = ClassPlan(selector, tuple(tolerations), tuple(fields.items()), affinity, labels, annotations,
+                     min(caps) if caps else None, tuple(required))
+    if len(policy.plans) < 1024:
+        policy.plans[key] = plan
+    return plan
+
+
+def _class_edits(policy: Policy, ref: PodSpecRef, chosen: ChosenClass) -> list[Edit]:
+    """Everything the class adds that the spec does not already have, as edits; never over a written value."""
+    plan = _plan(policy, chosen)
+    spec, path = ref.spec, ref.spec_path
+    edits: list[Edit] = []
+    selector = pods.mapping(spec.get("nodeSelector"))
+    selector_path = (*path, "nodeSelector")
+    for key, wanted_value in plan.node_selector.items():
+        if key not in selector:
+            edits.append(Edit("set", selector_path, key, wanted_value))
+    current = spec.get("tolerations")
+    existing = current if isinstance(current, list) else ()
+    for tol in plan.tolerations:
+        if not _covered(existing, tol):
+            edits.append(Edit("append", (*path, "tolerations"), None, tol))  # operations() copies the rules' dict
+    for field_name, wanted in plan.fields:
+        value = spec.get(field_name)
+        if value in (None, "") or (field_name == "schedulerName" and value == DEFAULT_SCHEDULER != wanted):
+            edits.append(Edit("set", path, field_name, wanted))
+            if field_name == "priorityClassName" and not ref.is_template:
+                # The Priority plugin refuses a Pod whose integer priority was computed before the class name
+                # was set; dropping it lets the plugin recompute both on reinvocation.
+                edits.extend(Edit("remove", path, f) for f in ("priority", "preemptionPolicy") if f in spec)
+    if plan.node_affinity and "nodeAffinity" not in pods.mapping(spec.get("affinity")):
+        edits.append(Edit("set", (*path, "affinity"), "nodeAffinity", dict(plan.node_affinity)))
+    for part, wanted_map in (("labels", plan.labels), ("annotations", plan.annotations)):
+        if wanted_map:
+            have = pods.mapping(ref.metadata.get(part))
+            edits.extend(Edit("set", (*ref.metadata_path, part), k, v) for k, v in wanted_map.items() if k not in have)
+    if edits:
+        annotations = pods.mapping(ref.metadata.get("annotations"))
+        annotations_path = (*ref.metadata_path, "annotations")
+        if CLASS_ANNOTATION not in annotations:
+            edits.append(Edit("set", annotations_path, CLASS_ANNOTATION, chosen.name))
+        if RULES_ANNOTATION not in annotations:
+            edits.append(Edit("set", annotations_path, RULES_ANNOTATION, policy.digest))
+    return edits
+
+
+def _covered(present: Sequence[Any], want: Mapping[str, Any]) -> bool:
+    """Whether one of the `present` tolerations (items that are not objects are skipped) covers `want`.
+
+    A loop, not `any()` over a generator: this runs on every GPU Pod's review.
+    """
+    for have in present:  # noqa: SIM110 (see above)
+        if isinstance(have, dict) and _covers(have, want):
+            return True
+    return False
+
+
+def _covers(have: Mapping[str, Any], want: Mapping[str, Any]) -> bool:
+    """Whether an existing toleration already tolerates everything `want` does (Kubernetes semantics)."""
+    if have.get("effect") not in (None, "", want.get("effect")):
+        return False
+    if have.get("tolerationSeconds") is not None and have.get("tolerationSeconds") != want.get("tolerationSeconds"):
+        return False
+    have_op = have.get("operator") or "Equal"
+    if have_op == "Exists":
+        return not have.get("key") or have.get("key") == want.get("key")
+    want_op = want.get("operator") or "Equal"
+    return want_op == "Equal" and have.get("key") == want.get("key") and (have.get("value") or "") == (
+        want.get("value") or "")
+
+
+def _require_class(ref: PodSpecRef, chosen: ChosenClass, edits: Sequence[Edit], out: _Collector) -> None:
+    """At /validate: what the mutating webhook would have added must already be there."""
+    selectors = [f"{e.key}={e.value}" for e in edits if e.path[-1:] == ("nodeSelector",)]
+    missing = [f"nodeSelector {', '.join(selectors)}"] if selectors else []
+    for edit in edits:
+        if edit.kind == "append":
+            tol = edit.value
+            missing.append(f"toleration {tol.get('key', '*')}{'=' + tol['value'] if tol.get('value') else ''}"
+                           f":{tol.get('effect') or '*'}")
+    if missing:
+        out.add("gpu-class-missing",
+                f"the Pod lacks what class {chosen.name} requires: {', '.join(missing)}; the mutating webhook "
+                "mutate.gpu-webhook.io adds these and was skipped (it fails open): re-create the Pod, or add "
+                "them to its spec")

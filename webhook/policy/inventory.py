@@ -1,0 +1,489 @@
+"""The cluster as the webhook sees it: frozen snapshots of nodes, runtime classes, namespaces and DRA claim
+templates, and the decisions that need them.
+
+Pure: API objects come in as plain JSON mappings (`*_from_api`), decisions take a `Snapshot` and return
+findings as (rule id, message). `webhook.cluster.kube` fills snapshots from the API server; the engine, `audit` and
+`doctor` read them. Three decisions:
+
+- never schedulable: the Pod asks for more of a GPU resource than the largest Ready node that matches its
+  final nodeSelector (and node affinity) and tolerates its taints offers;
+- class matches no GPU node: no such node advertises the resource at all, with the cause when it is
+  recognisable (time-slicing's `-SHARED` product suffix, MIG single mode's profile suffix, the resource
+  renamed to `nvidia.com/gpu.shared`, MIG mixed resources, taints, readiness);
+- runtime class missing or conflicting: the default `runtimeClassName` is only injected when that
+  RuntimeClass exists and its `scheduling.nodeSelector` agrees with the class.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from webhook.policy import quantity
+from webhook.policy.findings import Edit
+from webhook.policy.pods import Path, mapping
+from webhook.policy.rules import Policy
+
+PRODUCT_LABEL = "nvidia.com/gpu.product"
+GPU_PRESENT_LABEL = "nvidia.com/gpu.present"
+WHOLE_GPU = "nvidia.com/gpu"
+SHARED_GPU = "nvidia.com/gpu.shared"
+MIG_PREFIX = "nvidia.com/mig-"
+SHARED_SUFFIX = "-SHARED"
+MIG_INFIX = "-MIG-"
+HARD_EFFECTS = frozenset({"NoSchedule", "NoExecute"})
+# Taints the node lifecycle controller adds for a while (NotReady, cordoned, pressure): not a property of
+# the node's size, so they never make a Pod "never schedulable".
+TRANSIENT_TAINT_PREFIX = "node.kubernetes.io/"
+_SHOWN = 3  # nodes named in one message
+
+Finding = tuple[str, str]  # (rule id, message)
+
+
+# --------------------------------------------------------------------------------------------- snapshot
+
+
+@dataclass(frozen=True)
+class Taint:
+    key: str
+    value: str = ""
+    effect: str = "NoSchedule"
+
+    def __str__(self) -> str:
+        return f"{self.key}{'=' + self.value if self.value else ''}:{self.effect}"
+
+
+@dataclass(frozen=True)
+class Node:
+    """A node: labels, taints, allocatable extended resources as whole numbers, readiness."""
+
+    name: str
+    labels: Mapping[str, str] = field(default_factory=dict)
+    taints: tuple[Taint, ...] = ()
+    allocatable: Mapping[str, int] = field(default_factory=dict)
+    ready: bool = True
+    unschedulable: bool = False
+
+    def offers(self, resource: str) -> int:
+        return self.allocatable.get(resource, 0)
+
+
+@dataclass(frozen=True)
+class RuntimeClass:
+    """A node.k8s.io/v1 RuntimeClass: its handler and what it merges into a Pod's scheduling."""
+
+    name: str
+    handler: str = ""
+    node_selector: Mapping[str, str] = field(default_factory=dict)
+    tolerations: tuple[Mapping[str, Any], ...] = ()
+
+
+@dataclass(frozen=True)
+class Namespace:
+    name: str
+    labels: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ClaimTemplate:
+    """A resource.k8s.io ResourceClaimTemplate: the DeviceClasses its device requests use."""
+
+    namespace: str
+    name: str
+    device_classes: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """What the caches held at one moment. `synced` is False before the first full list, or when the API
+    server has been unreachable for too long; `reason` then says why."""
+
+    nodes: tuple[Node, ...] = ()
+    runtime_classes: Mapping[str, RuntimeClass] = field(default_factory=dict)
+    namespaces: Mapping[str, Namespace] = field(default_factory=dict)
+    claim_templates: Mapping[tuple[str, str], ClaimTemplate] = field(default_factory=dict)
+    synced: bool = True
+    reason: str = ""
+
+    def namespace_labels(self, name: str | None) -> Mapping[str, str] | None:
+        """The labels of a namespace, or None when it is not known (or the snapshot is not synced)."""
+        found = self.namespaces.get(name or "") if self.synced else None
+        return found.labels if found is not None else None
+
+
+def snapshot_from_api(nodes: Iterable[Mapping[str, Any]] = (), runtime_classes: Iterable[Mapping[str, Any]] = (),
+                      namespaces: Iterable[Mapping[str, Any]] = (), claim_templates: Iterable[Mapping[str, Any]] = (),
+                      *, synced: bool = True, reason: str = "") -> Snapshot:
+    """A snapshot from lists of API objects (JSON as the API server sends it)."""
+    return snapshot_of(map(node_from_api, nodes), map(runtime_class_from_api, runtime_classes),
+                       map(namespace_from_api, namespaces), map(claim_template_from_api, claim_templates),
+                       synced=synced, reason=reason)
+
+
+def snapshot_of(nodes: Iterable[Node], runtime_classes: Iterable[RuntimeClass], namespaces: Iterable[Namespace],
+                claim_templates: Iterable[ClaimTemplate], *, synced: bool = True, reason: str = "") -> Snapshot:
+    """A snapshot from parsed objects: nodes in name order, the rest keyed as the checks look them up."""
+    return Snapshot(
+        nodes=tuple(sorted(nodes, key=lambda n: n.name)),
+        runtime_classes={r.name: r for r in runtime_classes},
+        namespaces={n.name: n for n in namespaces},
+        claim_templates={(c.namespace, c.name): c for c in claim_templates},
+        synced=synced,
+        reason=reason,
+    )
+
+
+# --------------------------------------------------------------------------------------------- parsing
+
+
+def _list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else []
+
+
+def _strings(value: Any) -> dict[str, str]:
+    return {str(k): str(v) for k, v in mapping(value).items()}
+
+
+def object_key(obj: Mapping[str, Any]) -> tuple[str, str]:
+    """(namespace, name) of an API object ("" for cluster-scoped)."""
+    meta = mapping(obj.get("metadata"))
+    return str(meta.get("namespace") or ""), str(meta.get("name") or "")
+
+
+def node_from_api(obj: Mapping[str, Any]) -> Node:
+    """A Node from its API JSON: only extended resources (names with a domain) are kept, as whole numbers."""
+    meta, spec, status = mapping(obj.get("metadata")), mapping(obj.get("spec")), mapping(obj.get("status"))
+    taints = tuple(
+        Taint(str(t.get("key") or ""), str(t.get("value") or ""), str(t.get("effect") or "NoSchedule"))
+        for t in _list(spec.get("taints")) if isinstance(t, dict)
+    )
+    allocatable: dict[str, int] = {}
+    for name, raw in mapping(status.get("allocatable")).items():
+        if "/" not in str(name):
+            continue
+        try:
+            value = quantity.parse(raw)
+        except quantity.QuantityError:
+            continue
+        allocatable[str(name)] = max(int(value), 0)
+    ready = any(
+        isinstance(c, dict) and c.get("type") == "Ready" and c.get("status") == "True"
+        for c in _list(status.get("conditions"))
+    )
+    return Node(str(meta.get("name") or ""), _strings(meta.get("labels")), taints, allocatable, ready,
+                bool(spec.get("unschedulable")))
+
+
+def runtime_class_from_api(obj: Mapping[str, Any]) -> RuntimeClass:
+    scheduling = mapping(obj.get("scheduling"))
+    return RuntimeClass(
+        name=object_key(obj)[1],
+        handler=str(obj.get("handler") or ""),
+        node_selector=_strings(scheduling.get("nodeSelector")),
+        tolerations=tuple(dict(t) for t in _list(scheduling.get("tolerations")) if isinstance(t, dict)),
+    )
+
+
+def namespace_from_api(obj: Mapping[str, Any]) -> Namespace:
+    return Namespace(object_key(obj)[1], _strings(mapping(obj.get("metadata")).get("labels")))
+
+
+def claim_template_from_api(obj: Mapping[str, Any]) -> ClaimTemplate:
+    """Device classes of every request: v1/v1beta2 `exactly`, v1beta1 top-level, and `firstAvailable`."""
+    namespace, name = object_key(obj)
+    devices = mapping(mapping(mapping(obj.get("spec")).get("spec")).get("devices"))
+    classes: list[str] = []
+    for request in _list(devices.get("requests")):
+        request = mapping(request)
+        alternatives = map(mapping, _list(request.get("firstAvailable")))
+        for candidate in (request, mapping(request.get("exactly")), *alternatives):
+            device_class = candidate.get("deviceClassName")
+            if isinstance(device_class, str) and device_class and device_class not in classes:
+                classes.append(device_class)
+    return ClaimTemplate(namespace, name, tuple(classes))
+
+
+# --------------------------------------------------------------------------------------------- scheduling
+
+
+@dataclass(frozen=True)
+class Placement:
+    """What the scheduler will see of a pod spec once the class edits are applied."""
+
+    node_selector: Mapping[str, str]
+    tolerations: tuple[Mapping[str, Any], ...]
+    node_affinity: Mapping[str, Any] | None
+    runtime_class: str | None
+    runtime_class_injected: bool
+
+    def describe_selector(self) -> str:
+        return ", ".join(f"{k}={v}" for k, v in sorted(self.node_selector.items())) or "(none)"
+
+
+def placement(spec: Mapping[str, Any], spec_path: Path, edits: Sequence[Edit] = ()) -> Placement:
+    """The pod spec's nodeSelector, tolerations, node affinity and runtime class after `edits`."""
+    selector = _strings(spec.get("nodeSelector"))
+    tolerations = [dict(t) for t in _list(spec.get("tolerations")) if isinstance(t, dict)]
+    affinity = mapping(mapping(spec.get("affinity")).get("nodeAffinity")) or None
+    runtime = spec.get("runtimeClassName") if isinstance(spec.get("runtimeClassName"), str) else None
+    injected = False
+    for edit in edits:
+        if edit.path == (*spec_path, "nodeSelector") and edit.kind == "set" and edit.key:
+            selector.setdefault(edit.key, str(edit.value))
+        elif edit.path == (*spec_path, "tolerations") and edit.kind == "append" and isinstance(edit.value, dict):
+            tolerations.append(dict(edit.value))
+        elif edit.path == (*spec_path, "affinity") and edit.key == "nodeAffinity" and affinity is None:
+            affinity = mapping(edit.value) or None
+        elif edit.path == spec_path and edit.key == "runtimeClassName" and edit.kind == "set":
+            runtime, injected = str(edit.value), True
+    return Placement(selector, tuple(tolerations), affinity, runtime or None, injected)
+
+
+def with_runtime_class(where: Placement, runtime_class: RuntimeClass | None) -> Placement:
+    """The placement after the RuntimeClass admission plugin merged its scheduling (when it exists)."""
+    if runtime_class is None:
+        return where
+    selector = {**runtime_class.node_selector, **where.node_selector}
+    return Placement(selector, (*where.tolerations, *runtime_class.tolerations), where.node_affinity,
+                     where.runtime_class, where.runtime_class_injected)
+
+
+def tolerates(toleration: Mapping[str, Any], taint: Taint) -> bool:
+    """Kubernetes `ToleratesTaint`: effect, key, then Exists or an equal value."""
+    effect = toleration.get("effect") or ""
+    if effect and effect != taint.effect:
+        return False
+    key = toleration.get("key") or ""
+    operator = toleration.get("operator") or "Equal"
+    if key and key != taint.key:
+        return False
+    if operator == "Exists":
+        return True
+    return bool(key) and str(toleration.get("value") or "") == taint.value
+
+
+def untolerated(node: Node, tolerations: Sequence[Mapping[str, Any]], *, transient: bool = False) -> list[Taint]:
+    """The node's NoSchedule/NoExecute taints none of `tolerations` tolerates (`transient`: include
+    the node lifecycle taints such as node.kubernetes.io/not-ready)."""
+    return [
+        t for t in node.taints
+        if t.effect in HARD_EFFECTS and (transient or not t.key.startswith(TRANSIENT_TAINT_PREFIX))
+        and not any(tolerates(tol, t) for tol in tolerations)
+    ]
+
+
+def selector_mismatches(node: Node, selector: Mapping[str, str]) -> list[str]:
+    """`key=wanted (node has X)` for every nodeSelector entry the node's labels do not satisfy."""
+    return [
+        f"{key}={value} (node has {node.labels.get(key, 'no such label')})"
+        for key, value in sorted(selector.items()) if node.labels.get(key) != value
+    ]
+
+
+def affinity_matches(node: Node, affinity: Mapping[str, Any] | None) -> bool:
+    """requiredDuringSchedulingIgnoredDuringExecution: any term, all of its expressions."""
+    required = mapping(mapping(affinity).get("requiredDuringSchedulingIgnoredDuringExecution"))
+    terms = [mapping(t) for t in _list(required.get("nodeSelectorTerms"))]
+    if not terms:
+        return True
+    return any(_term_matches(node, term) for term in terms)
+
+
+def _term_matches(node: Node, term: Mapping[str, Any]) -> bool:
+    expressions = [mapping(e) for e in _list(term.get("matchExpressions"))]
+    fields = [mapping(e) for e in _list(term.get("matchFields"))]
+    if not expressions and not fields:
+        return False  # an empty term matches no node
+    by_field = {"metadata.name": node.name}
+    return all(_expression(node.labels, e) for e in expressions) and all(_expression(by_field, e) for e in fields)
+
+
+def _expression(labels: Mapping[str, str], expr: Mapping[str, Any]) -> bool:
+    key, op = str(expr.get("key") or ""), expr.get("operator")
+    values = [str(v) for v in _list(expr.get("values"))]
+    have = labels.get(key)
+    if op == "In":
+        return have is not None and have in values
+    if op == "NotIn":
+        return have is None or have not in values
+    if op == "Exists":
+        return have is not None
+    if op == "DoesNotExist":
+        return have is None
+    if op in ("Gt", "Lt") and have is not None and len(values) == 1:
+        try:
+            return int(have) > int(values[0]) if op == "Gt" else int(have) < int(values[0])
+        except ValueError:
+            return False
+    return False
+
+
+def selects(node: Node, where: Placement) -> bool:
+    """The node's labels satisfy the nodeSelector and the required node affinity."""
+    return (all(node.labels.get(k) == v for k, v in where.node_selector.items())
+            and affinity_matches(node, where.node_affinity))
+
+
+def eligible_nodes(snapshot: Snapshot, where: Placement, resource: str) -> list[Node]:
+    """Ready nodes that the placement selects, whose hard taints it tolerates, and that offer `resource`."""
+    return [
+        n for n in snapshot.nodes
+        if n.ready and n.offers(resource) > 0 and selects(n, where) and not untolerated(n, where.tolerations)
+    ]
+
+
+# --------------------------------------------------------------------------------------------- decisions
+
+
+@dataclass(frozen=True)
+class Assessment:
+    """The inventory's findings for one pod spec, and whether the runtimeClassName edit may stay."""
+
+    findings: tuple[Finding, ...] = ()
+    keep_runtime_class: bool = True
+
+
+def assess(snapshot: Snapshot, where: Placement, requests: Mapping[str, int], class_name: str) -> Assessment:
+    """All inventory checks of one GPU pod spec (`requests`: resource -> the Pod's effective count)."""
+    findings: list[Finding] = []
+    keep = True
+    problem = runtime_class_problem(snapshot, where, class_name)
+    if problem is not None:
+        findings.append(("gpu-runtime-class-missing", problem))
+        keep = False
+    runtime = snapshot.runtime_classes.get(where.runtime_class or "") if keep else None
+    final = with_runtime_class(where, runtime)
+    for resource, count in sorted(requests.items()):
+        if count > 0:
+            findings.extend(capacity_findings(snapshot, final, resource, count, class_name))
+    return Assessment(tuple(findings), keep)
+
+
+def runtime_class_problem(snapshot: Snapshot, where: Placement, class_name: str) -> str | None:
+    """Why the injected runtimeClassName would make the API server reject the Pod, or None."""
+    if not where.runtime_class_injected or where.runtime_class is None:
+        return None
+    name = where.runtime_class
+    found = snapshot.runtime_classes.get(name)
+    if found is None:
+        return (f'runtimeClassName {name} was not set: RuntimeClass "{name}" does not exist, and the API server '
+                f'would reject the Pod with: pod rejected: RuntimeClass "{name}" not found; create it (the GPU '
+                f"Operator installs it) or remove runtimeClassName from the rules")
+    for key, value in sorted(found.node_selector.items()):
+        mine = where.node_selector.get(key)
+        if mine is not None and mine != value:
+            return (f"runtimeClassName {name} was not set: its scheduling.nodeSelector contradicts class "
+                    f"{class_name}, and the API server would reject the Pod with: conflict: "
+                    f"runtimeClass.scheduling.nodeSelector[{key}] = {value}; pod.spec.nodeSelector[{key}] = {mine}; "
+                    f"align RuntimeClass {name} with the class nodeSelector")
+    return None
+
+
+def capacity_findings(snapshot: Snapshot, where: Placement, resource: str, count: int,
+                      class_name: str) -> list[Finding]:
+    """gpu-never-schedulable or gpu-class-no-node for one resource, or nothing when some node fits."""
+    eligible = eligible_nodes(snapshot, where, resource)
+    selector = where.describe_selector()
+    if not eligible:
+        why = no_node_reason(snapshot, where, resource)
+        return [("gpu-class-no-node",
+                 f"class {class_name} (nodeSelector {selector}) matches no Ready node that advertises {resource}, "
+                 f"so the Pod would stay Pending: {why}")]
+    largest = max(eligible, key=lambda n: (n.offers(resource), n.name))
+    most = largest.offers(resource)
+    if count <= most:
+        return []
+    return [("gpu-never-schedulable",
+             f"the Pod asks for {count} {resource} but the largest Ready node of class {class_name} "
+             f"(nodeSelector {selector}) offers {most} ({largest.name}; {len(eligible)} node"
+             f"{'s' if len(eligible) != 1 else ''} match): it would stay Pending with Insufficient {resource} "
+             f"forever; ask for at most {most} per Pod, or split the work across Pods")]
+
+
+def no_node_reason(snapshot: Snapshot, where: Placement, resource: str) -> str:
+    """Why no node fits, in the words of the most likely cause."""
+    selected = [n for n in snapshot.nodes if selects(n, where)]
+    offering = [n for n in snapshot.nodes if n.offers(resource) > 0]
+    chosen = [n for n in offering if selects(n, where)]
+    if not chosen:
+        shared = _shared_instead(selected or snapshot.nodes if not offering else selected, resource)
+        if shared:
+            return shared
+    if not offering:
+        return (f"no node in the cluster advertises {resource} in allocatable; check that its device plugin runs "
+                "on the GPU nodes")
+    suffixed = _product_suffix_reason(offering, where.node_selector)
+    if suffixed:
+        return suffixed
+    if not chosen:
+        shown = " | ".join(f"{n.name}: {', '.join(selector_mismatches(n, where.node_selector)) or 'node affinity'}"
+                           for n in offering[:_SHOWN])
+        plural = "s advertise" if len(offering) != 1 else " advertises"
+        return (f"{len(offering)} node{plural} {resource} but none matches ({shown}); pick the class you meant with "
+                "the class labels")
+    blocked = [(n, taints) for n in chosen if (taints := untolerated(n, where.tolerations))]
+    if len(blocked) == len(chosen):
+        shown = " | ".join(f"{n.name}: {', '.join(map(str, taints))}" for n, taints in blocked[:_SHOWN])
+        return f"the matching nodes carry taints the Pod does not tolerate ({shown}); add a toleration to the class"
+    not_ready = [n.name for n in chosen if not n.ready]
+    many = len(not_ready) != 1
+    return (f"the matching node{'s' if many else ''} {', '.join(not_ready[:_SHOWN])} {'are' if many else 'is'} "
+            "not Ready; wait for it, or pick another class with the class labels")
+
+
+def _shared_instead(pool: Sequence[Node], resource: str) -> str | None:
+    """Whole GPUs asked for where the device plugin advertises them renamed (sharing) or split (MIG mixed)."""
+    if resource != WHOLE_GPU:
+        return None
+    renamed = [n for n in pool if n.offers(SHARED_GPU) > 0]
+    if renamed:
+        return _renamed(renamed)
+    mig = sorted({r for n in pool for r, v in n.allocatable.items() if r.startswith(MIG_PREFIX) and v > 0})
+    if mig:
+        return (f"no node advertises whole GPUs there: MIG mixed strategy splits them into {', '.join(mig)}; "
+                f"request one of those")
+    return None
+
+
+def _renamed(nodes: Sequence[Node]) -> str:
+    names = ", ".join(n.name for n in nodes[:_SHOWN])
+    return (f"{names} advertise{'s' if len(nodes) == 1 else ''} {SHARED_GPU} instead: time-slicing or MPS with "
+            f"renameByDefault renames the resource; request {SHARED_GPU}")
+
+
+def _product_suffix_reason(offering: Sequence[Node], selector: Mapping[str, str]) -> str | None:
+    """The selector names a GPU product that the nodes carry only with a sharing or MIG suffix."""
+    wanted = selector.get(PRODUCT_LABEL)
+    if wanted is None:
+        return None
+    for node in offering:
+        have = node.labels.get(PRODUCT_LABEL, "")
+        if have == wanted + SHARED_SUFFIX:
+            return (f"{node.name} has {PRODUCT_LABEL}={have}: time-slicing appends {SHARED_SUFFIX} to the product "
+                    f"label; select {have} in the class")
+        if have.startswith(wanted + MIG_INFIX):
+            return (f"{node.name} has {PRODUCT_LABEL}={have}: MIG single mode appends the profile to the product "
+                    f"label; select {have} in the class")
+    return None
+
+
+# --------------------------------------------------------------------------------------------- DRA
+
+
+def gpu_claims(policy: Policy, snapshot: Snapshot, namespace: str, spec: Mapping[str, Any]) -> tuple[str, ...]:
+    """The Pod's resource claims whose template uses a GPU DeviceClass (`policy.gpu_device_classes`)."""
+    if not policy.gpu_device_classes or not snapshot.synced:
+        return ()
+    found: list[str] = []
+    for claim in _list(spec.get("resourceClaims")):
+        claim = mapping(claim)
+        template_name = claim.get("resourceClaimTemplateName") or mapping(claim.get("source")).get(
+            "resourceClaimTemplateName")
+        template = snapshot.claim_templates.get((namespace, str(template_name))) if template_name else None
+        if template is None:
+            continue
+        classes = [c for c in template.device_classes if c in policy.gpu_device_classes]
+        if classes:
+            found.append(f"{claim.get('name')} (ResourceClaimTemplate {template.name}: {', '.join(classes)})")
+    return tuple(found)
