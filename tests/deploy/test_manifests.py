@@ -23,6 +23,7 @@ from typing import Any
 
 import pytest
 import yaml
+from support.manifests import CRD_GROUPS, group_of, strict_errors
 
 REPO = Path(__file__).resolve().parents[2]
 KUBECTL = shutil.which("kubectl")
@@ -31,7 +32,6 @@ NAME = "gpu-webhook"
 SYSTEM_NAMESPACES = ("kube-system", "kube-node-lease")
 OPT_OUT_LABEL = "gpu-webhook.io/ignore"
 COMPONENTS = ("servicemonitor", "runtimeclass-nvidia", "cluster-awareness")
-CRD_GROUPS = {"cert-manager.io", "monitoring.coreos.com"}  # kubernetes-validate has no schemas for these
 GUNICORN_GRACEFUL_TIMEOUT = 20  # seconds; the server's drain time (webhook/admission/settings.py when it exists)
 
 pytestmark = pytest.mark.skipif(
@@ -194,10 +194,6 @@ def walk(node: Any, path: str = "") -> Iterator[tuple[str, Any]]:
             yield from walk(value, f"{path}[{i}]")
 
 
-def group_of(doc: Mapping[str, Any]) -> str:
-    api_version: str = doc["apiVersion"]
-    return api_version.split("/")[0] if "/" in api_version else ""
-
 
 def server_module(name: str) -> Any:
     """The server's module, or skip: the server is written in parallel and may not be importable yet."""
@@ -255,16 +251,7 @@ def test_core_objects_validate_strictly(
     rendered: dict[str, list[dict[str, Any]]], kv: Any, variant: str, version: str
 ) -> None:
     k8s_version = kv.latest_version() if version == "latest" else version
-    errors = []
-    for doc in rendered[variant]:
-        if group_of(doc) in CRD_GROUPS:
-            continue
-        try:
-            kv.validate(doc, k8s_version, strict=True)
-        except kv.ValidationError as exc:
-            errors.append(f"{doc['kind']}/{doc['metadata']['name']}: {exc.message} at {list(exc.path)}")
-        except kv.SchemaNotFoundError as exc:
-            errors.append(exc.message)
+    errors = strict_errors(kv, rendered[variant], k8s_version)
     assert not errors, f"against Kubernetes {k8s_version}:\n" + "\n".join(errors)
 
 

@@ -11,34 +11,17 @@
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-force=0
-print_only=0
-for arg in "$@"; do
-    case "$arg" in
-        --force) force=1 ;;
-        --print-dir) print_only=1 ;;
-        *) echo "usage: $0 [--force] [--print-dir]" >&2; exit 2 ;;
-    esac
-done
-
-k8s_version="$(awk '$1 == "k8s.io/kubernetes" && $2 ~ /^v/ {print $2; exit}' "$here/controlplane/go.mod")"
-if [[ -z "$k8s_version" ]]; then
-    echo "build.sh: cannot read the k8s.io/kubernetes version from controlplane/go.mod" >&2
-    exit 1
-fi
-cache_root="${GPU_WEBHOOK_E2E_CACHE:-$HOME/.cache/gpu-webhook-e2e}"
-out="$cache_root/$k8s_version"
-bin="$out/bin"
-if [[ "$print_only" == 1 ]]; then
-    echo "$bin"
-    exit 0
-fi
+# shellcheck source=build_lib.sh
+source "$here/build_lib.sh"
+parse_options "$0" "$@"
+k8s_version="$(pinned_version build.sh "$here/controlplane/go.mod" k8s.io/kubernetes)"
+cache_dirs "$k8s_version"
 
 binaries=(kube-apiserver kube-scheduler kube-controller-manager kubectl etcd kwok)
 stamp_input() {
     go version
     for f in "$here"/controlplane/go.mod "$here"/controlplane/go.sum "$here"/etcd/go.mod "$here"/etcd/go.sum \
-        "$here"/kwok/go.mod "$here"/kwok/go.sum "$here"/build.sh; do
+        "$here"/kwok/go.mod "$here"/kwok/go.sum "$here"/build.sh "$here"/build_lib.sh; do
         sha256sum "$f" | cut -d' ' -f1
     done
 }

@@ -10,34 +10,17 @@ set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 module="$here/helm"
-force=0
-print_only=0
-for arg in "$@"; do
-    case "$arg" in
-        --force) force=1 ;;
-        --print-dir) print_only=1 ;;
-        *) echo "usage: $0 [--force] [--print-dir]" >&2; exit 2 ;;
-    esac
-done
-
-helm_version="$(awk '$1 == "helm.sh/helm/v4" && $2 ~ /^v/ {print $2; exit}' "$module/go.mod")"
-if [[ -z "$helm_version" ]]; then
-    echo "build_helm.sh: cannot read the helm.sh/helm/v4 version from helm/go.mod" >&2
-    exit 1
-fi
-cache_root="${GPU_WEBHOOK_E2E_CACHE:-$HOME/.cache/gpu-webhook-e2e}"
-out="$cache_root/helm-$helm_version"
-bin="$out/bin"
-if [[ "$print_only" == 1 ]]; then
-    echo "$bin"
-    exit 0
-fi
+# shellcheck source=build_lib.sh
+source "$here/build_lib.sh"
+parse_options "$0" "$@"
+helm_version="$(pinned_version build_helm.sh "$module/go.mod" helm.sh/helm/v4)"
+cache_dirs "helm-$helm_version"
 
 if ! command -v go >/dev/null; then
     echo "build_helm.sh: no Go toolchain on PATH" >&2
     exit 1
 fi
-want_stamp="$( { go version; sha256sum "$module/go.mod" "$module/go.sum" "$here/build_helm.sh" | cut -d' ' -f1; } \
+want_stamp="$( { go version; sha256sum "$module/go.mod" "$module/go.sum" "$here/build_helm.sh" "$here/build_lib.sh" | cut -d' ' -f1; } \
     | sha256sum | cut -d' ' -f1)"
 if [[ "$force" == 0 && -x "$bin/helm" && -f "$out/stamp" && "$(cat "$out/stamp")" == "$want_stamp" ]]; then
     echo "build_helm.sh: helm $helm_version is up to date in $bin" >&2

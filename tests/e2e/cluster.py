@@ -803,6 +803,28 @@ def running_cluster(workdir: Path) -> Iterator[Cluster]:
 # --------------------------------------------------------------------------------------------- test helpers
 
 
+# What the webhook gives the seed's cuda-gpu-test Pod with the packaged rules: the default class's nodeSelector and
+# runtime class, one GPU toleration (ExtendedResourceToleration added it before the webhook saw the Pod; the
+# webhook must not add a second), and the class annotation.
+SEED_POD_INJECTED: Json = {
+    "nodeSelector": {"workload": "inference", "gpu-type": "t4"},
+    "runtimeClassName": "nvidia",
+    "gpu tolerations": [{"key": GPU, "operator": "Exists", "effect": "NoSchedule"}],
+    "class": "workload=inference,gpu-type=t4",
+}
+
+
+def injected(pod: Json) -> Json:
+    """The parts of a stored Pod that SEED_POD_INJECTED describes."""
+    spec = pod["spec"]
+    return {
+        "nodeSelector": spec.get("nodeSelector"),
+        "runtimeClassName": spec.get("runtimeClassName"),
+        "gpu tolerations": [t for t in spec.get("tolerations") or () if t.get("key") == GPU],
+        "class": (pod["metadata"].get("annotations") or {}).get("gpu-webhook.io/class"),
+    }
+
+
 def pod_json(cluster: Cluster, namespace: str, name: str) -> Json:
     """`kubectl get pod -o json`."""
     return dict(json.loads(cluster.kubectl("get", "pod", name, "-n", namespace, "-o", "json").stdout))

@@ -7,7 +7,7 @@ import json
 
 import pytest
 import yaml
-from cluster import SEED_NODES, Cluster, pod_json, wait_scheduled, wait_until
+from cluster import SEED_NODES, SEED_POD_INJECTED, Cluster, injected, pod_json, wait_scheduled, wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -63,13 +63,7 @@ def test_cuda_gpu_test_lands_on_a_t4_node_with_the_injected_fields(cluster: Clus
     assert node in wide
 
     shown = yaml.safe_load(cluster.kubectl("get", "pod", "cuda-gpu-test", "-n", namespace, "-o", "yaml").stdout)
-    spec = shown["spec"]
-    assert spec["nodeSelector"] == {"workload": "inference", "gpu-type": "t4"}
-    assert spec["runtimeClassName"] == "nvidia"
-    gpu_tolerations = [t for t in spec["tolerations"] if t.get("key") == "nvidia.com/gpu"]
-    # ExtendedResourceToleration added it before the webhook saw the Pod; the webhook must not add a second one.
-    assert gpu_tolerations == [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
-    assert shown["metadata"]["annotations"]["gpu-webhook.io/class"] == "workload=inference,gpu-type=t4"
+    assert injected(shown) == SEED_POD_INJECTED
     # kwok plays the kubelet: the bound Pod runs.
     wait_until(lambda: pod_json(cluster, namespace, "cuda-gpu-test")["status"].get("phase") == "Running", 30,
                "cuda-gpu-test to run")

@@ -24,7 +24,17 @@ from typing import Any
 
 import pytest
 import yaml
-from cluster import REPO, SEED_NODES, WEBHOOK_NAMESPACE, Cluster, pod_json, wait_scheduled, wait_until
+from cluster import (
+    REPO,
+    SEED_NODES,
+    SEED_POD_INJECTED,
+    WEBHOOK_NAMESPACE,
+    Cluster,
+    injected,
+    pod_json,
+    wait_scheduled,
+    wait_until,
+)
 
 pytestmark = pytest.mark.e2e
 
@@ -155,12 +165,7 @@ def test_seed_gpu_pod_is_mutated_and_scheduled(cluster: Cluster, chart_installed
     assert spec_of_node and spec_of_node[0] == "t4", f"bound to {node}"
 
     shown = pod_json(cluster, namespace, name)
-    spec = shown["spec"]
-    assert spec["nodeSelector"] == {"workload": "inference", "gpu-type": "t4"}
-    assert spec["runtimeClassName"] == "nvidia"
-    gpu_tolerations = [t for t in spec["tolerations"] if t.get("key") == "nvidia.com/gpu"]
-    assert gpu_tolerations == [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
-    assert shown["metadata"]["annotations"]["gpu-webhook.io/class"] == "workload=inference,gpu-type=t4"
+    assert injected(shown) == SEED_POD_INJECTED
     wait_until(lambda: pod_json(cluster, namespace, name)["status"].get("phase") == "Running", 30, f"{name} to run")
 
 

@@ -28,14 +28,14 @@ from typing import Any
 
 import pytest
 import yaml
+from support.manifests import strict_errors
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "gpu-webhook"
 BUILD_HELM = REPO / "tests" / "e2e" / "build_helm.sh"
 BUILD_E2E = REPO / "tests" / "e2e" / "build.sh"
 RELEASE = "gpu-webhook"
 NAMESPACE = "gpu-system"
-CRD_GROUPS = {"cert-manager.io", "monitoring.coreos.com"}  # kubernetes-validate has no schemas for these
 WEBHOOK_KINDS = ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration")
 COMPONENTS_ON = {"clusterAwareness": {"enabled": True}, "serviceMonitor": {"enabled": True},
                  "runtimeClass": {"create": True}}
@@ -122,10 +122,6 @@ def only(docs: list[Doc], kind: str, name: str | None = None) -> Doc:
 def kinds(docs: list[Doc]) -> set[tuple[str, str]]:
     return {(d["kind"], d["metadata"]["name"]) for d in docs}
 
-
-def group_of(doc: Doc) -> str:
-    api_version: str = doc["apiVersion"]
-    return api_version.split("/")[0] if "/" in api_version else ""
 
 
 # ---------------------------------------------------------------------------------------- values combinations
@@ -224,16 +220,7 @@ def kv() -> Any:
 @pytest.mark.parametrize("version", ["1.30.0", "latest"])
 def test_variant_validates_strictly(rendered: dict[str, list[Doc]], kv: Any, variant: str, version: str) -> None:
     k8s_version = kv.latest_version() if version == "latest" else version
-    errors = []
-    for doc in rendered[variant]:
-        if group_of(doc) in CRD_GROUPS:
-            continue
-        try:
-            kv.validate(doc, k8s_version, strict=True)
-        except kv.ValidationError as exc:
-            errors.append(f"{doc['kind']}/{doc['metadata']['name']}: {exc.message} at {list(exc.path)}")
-        except kv.SchemaNotFoundError as exc:
-            errors.append(exc.message)
+    errors = strict_errors(kv, rendered[variant], k8s_version)
     assert not errors, f"against Kubernetes {k8s_version}:\n" + "\n".join(errors)
 
 
