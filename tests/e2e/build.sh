@@ -16,6 +16,7 @@ source "$here/build_lib.sh"
 parse_options "$0" "$@"
 k8s_version="$(pinned_version build.sh "$here/controlplane/go.mod" k8s.io/kubernetes)"
 cache_dirs "$k8s_version"
+require_go build.sh
 
 binaries=(kube-apiserver kube-scheduler kube-controller-manager kubectl etcd kwok)
 stamp_input() {

@@ -16,10 +16,7 @@ parse_options "$0" "$@"
 helm_version="$(pinned_version build_helm.sh "$module/go.mod" helm.sh/helm/v4)"
 cache_dirs "helm-$helm_version"
 
-if ! command -v go >/dev/null; then
-    echo "build_helm.sh: no Go toolchain on PATH" >&2
-    exit 1
-fi
+require_go build_helm.sh
 want_stamp="$( { go version; sha256sum "$module/go.mod" "$module/go.sum" "$here/build_helm.sh" "$here/build_lib.sh" | cut -d' ' -f1; } \
     | sha256sum | cut -d' ' -f1)"
 if [[ "$force" == 0 && -x "$bin/helm" && -f "$out/stamp" && "$(cat "$out/stamp")" == "$want_stamp" ]]; then

@@ -37,3 +37,11 @@ cache_dirs() {
         exit 0
     fi
 }
+
+# require_go SCRIPT: exit 1 with what to do when there is no Go toolchain on PATH.
+require_go() {
+    if ! command -v go >/dev/null; then
+        echo "$1: no Go toolchain on PATH; install Go >= 1.26 (the modules come from the Go module proxy)" >&2
+        exit 1
+    fi
+}

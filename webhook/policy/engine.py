@@ -255,11 +255,14 @@ def _spare_nodes(ref: PodSpecRef, chosen: ChosenClass, snapshot: Snapshot, resou
         held = True
         picks.append(pick._replace(inject=False))
         shown = ", ".join(n.name for n in matched[:3])
+        theirs = [v for v, c in pick.axis.values.items() if c.node_selector and any(
+            all(n.labels.get(k) == want for k, want in c.node_selector.items()) for n in matched)]
+        fix = (f"label the Pod {pick.axis.label}={' or '.join(theirs)}" if theirs else
+               f"label those nodes {', '.join(f'{k}={v}' for k, v in sorted(wanted.items()))}")
         out.add("gpu-class-skipped",
                 f"{pick.axis.name} {pick.value} (from the {pick.how}) was not applied: its nodeSelector "
                 f"{', '.join(f'{k}={v}' for k, v in sorted(wanted.items()))} would leave the Pod no node, while as "
-                f"written it matches {len(matched)} GPU node{'s' if len(matched) != 1 else ''} ({shown}); label the "
-                f"Pod {pick.axis.label} like those nodes")
+                f"written it matches {len(matched)} GPU node{'s' if len(matched) != 1 else ''} ({shown}); {fix}")
     return ChosenClass.of(picks, chosen.skipped) if held else chosen
 
 
@@ -456,10 +459,14 @@ def _resource_limits(policy: Policy, per_resource: Mapping[str, list[tuple[Conta
 
 def _admitted(axis: Axis, terms: tuple[Term, ...], limit: _Limit | None) -> frozenset[str] | None:
     """The values the Pod's selection and resources leave open for the axis (None: all of them)."""
-    admits = None if terms is NO_SELECTION else selection.candidates(axis, terms)
-    if limit is not None:
-        admits = limit[0] if admits is None else admits & limit[0]
-    return admits
+    return _within(None if terms is NO_SELECTION else selection.candidates(axis, terms), limit)
+
+
+def _within(selected: frozenset[str] | None, limit: _Limit | None) -> frozenset[str] | None:
+    """The values the selection admits that the resources exist on (None: no bound from either)."""
+    if limit is None:
+        return selected
+    return limit[0] if selected is None else selected & limit[0]
 
 
 def _said_by_pod(ref: PodSpecRef, axis: Axis, labels: Mapping[str, Any], terms: tuple[Term, ...],
@@ -489,11 +496,12 @@ def _said_by_pod(ref: PodSpecRef, axis: Axis, labels: Mapping[str, Any], terms: 
                     "another resource")
             return "refused"
         return Pick(axis, value, f"label {axis.label}")
-    admits = _admitted(axis, terms, limit)
+    admits = _within(selected, limit)
     if selected is not None and not selected:
         _skip(axis, out, skipped, f"{selection.describe(axis, terms)} selects a GPU that no {axis.name} value of the "
-              f"rules covers ({', '.join(axis.values)}), so {axis.name} is left as the Pod chose it (a class label "
-              f"would replace that selector); label {axis.label} or add the GPU to the rules")
+              f"rules covers ({', '.join(axis.values)}), so {axis.name} is left as the Pod chose it (to use a class "
+              f"instead, replace that selector with the label {axis.label}); to class this GPU, add it to the rules' "
+              "aliases")
         return "left out"
     if admits is not None and not admits and limit is not None:
         _skip(axis, out, skipped, f"{selection.describe(axis, terms)} selects {axis.name} "

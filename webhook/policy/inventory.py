@@ -300,9 +300,12 @@ def _term_matches(node: Node, term: Mapping[str, Any]) -> bool:
 
 
 def _expression(labels: Mapping[str, str], expr: Mapping[str, Any]) -> bool:
-    key, op = str(expr.get("key") or ""), expr.get("operator")
     values = [str(v) for v in _list(expr.get("values"))]
-    have = labels.get(key)
+    return label_matches(labels.get(str(expr.get("key") or "")), expr.get("operator"), values)
+
+
+def label_matches(have: str | None, op: Any, values: Sequence[str]) -> bool:
+    """Kubernetes' node selector operators on one label: `have` is its value on the node, None when absent."""
     if op == "In":
         return have is not None and have in values
     if op == "NotIn":

@@ -15,10 +15,13 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
+from webhook.policy.inventory import label_matches
 from webhook.policy.pods import Path, mapping, render_path
 from webhook.policy.rules import Axis, LabelValues
 
-_AFFINITY_TERMS = ("affinity", "nodeAffinity", "requiredDuringSchedulingIgnoredDuringExecution", "nodeSelectorTerms")
+_REQUIRED = "requiredDuringSchedulingIgnoredDuringExecution"
+_TERMS_PATH = ("affinity", "nodeAffinity", _REQUIRED, "nodeSelectorTerms")
+_FRESH_OK = frozenset({"NotIn", "Exists"})  # what a present value that no requirement lists satisfies
 
 
 class Requirement(NamedTuple):
@@ -30,27 +33,12 @@ class Requirement(NamedTuple):
     where: str
 
     def holds(self, value: str | None) -> bool:
-        """Whether a node label value satisfies the requirement; None stands for a value a glob matches that
-        no requirement lists (never a number, never one of the In values)."""
-        op = self.operator
-        if op == "In":
-            return value is not None and value in self.values
-        if op == "NotIn":
-            return value is None or value not in self.values
-        if op == "Exists":
-            return True
-        if op in ("Gt", "Lt") and value is not None and len(self.values) == 1 and _is_int(value) and \
-                _is_int(self.values[0]):
-            return int(value) > int(self.values[0]) if op == "Gt" else int(value) < int(self.values[0])
-        return False  # DoesNotExist on a present key, or a malformed requirement
+        """Whether a node whose label has `value` (None: no such label) satisfies the requirement."""
+        return label_matches(value, self.operator, self.values)
 
 
 Term = tuple[Requirement, ...]
 NO_SELECTION: tuple[Term, ...] = ((),)
-
-
-def _is_int(text: str) -> bool:
-    return text.lstrip("-").isdigit()
 
 
 def terms_of(spec: Mapping[str, Any], spec_path: Path) -> tuple[Term, ...]:
@@ -63,8 +51,7 @@ def terms_of(spec: Mapping[str, Any], spec_path: Path) -> tuple[Term, ...]:
         Requirement(str(k), "In", (str(v),), f"{render_path((*spec_path, 'nodeSelector'))}[{k}]={v}")
         for k, v in mapping(selector).items()
     )
-    required = mapping(mapping(mapping(affinity).get("nodeAffinity")).get(_AFFINITY_TERMS[2]))
-    raw_terms = required.get(_AFFINITY_TERMS[3])
+    raw_terms = mapping(mapping(mapping(affinity).get("nodeAffinity")).get(_REQUIRED)).get("nodeSelectorTerms")
     if not isinstance(raw_terms, list) or not raw_terms:
         return (base,)
     terms = []
@@ -73,7 +60,7 @@ def terms_of(spec: Mapping[str, Any], spec_path: Path) -> tuple[Term, ...]:
         expressions = [mapping(e) for e in term.get("matchExpressions") or () if isinstance(e, dict)]
         if not expressions and not term.get("matchFields"):
             continue  # an empty term matches no node
-        where = render_path((*spec_path, *_AFFINITY_TERMS, index))
+        where = render_path((*spec_path, *_TERMS_PATH, index))
         terms.append(base + tuple(
             Requirement(str(e.get("key") or ""), str(e.get("operator") or ""),
                         tuple(str(v) for v in e.get("values") or () if v is not None),
@@ -103,7 +90,7 @@ def satisfiable(found: LabelValues | None, requirements: Sequence[Requirement]) 
     """Whether some node of a value, carrying `found` for the key (None: the value's nodes lack it), satisfies
     every requirement on that key. An alias key may be missing on a node of its value (a GKE node has no
     Karpenter label); the value's own nodeSelector key never is."""
-    if (found is None or not found.certain) and all(r.operator in ("NotIn", "DoesNotExist") for r in requirements):
+    if (found is None or not found.certain) and all(r.holds(None) for r in requirements):
         return True  # a node of the value without the key
     if found is None:
         return False
@@ -113,7 +100,8 @@ def satisfiable(found: LabelValues | None, requirements: Sequence[Requirement]) 
             witnesses.update(v for v in r.values if found.matches(v))
     if any(all(r.holds(w) for r in requirements) for w in witnesses):
         return True
-    return found.globs is not None and all(r.holds(None) for r in requirements)
+    # A glob also matches values no requirement lists: never a number, never one of the In values.
+    return found.globs is not None and all(r.operator in _FRESH_OK for r in requirements)
 
 
 def candidates(axis: Axis, terms: Sequence[Term]) -> frozenset[str] | None:
