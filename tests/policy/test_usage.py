@@ -253,3 +253,55 @@ def test_nan_points_are_skipped() -> None:
     series = gpu([float("nan"), 50.0], pod="p")
     w = row(run(series, pods("p")), "p")
     assert w.p50 == pytest.approx(0.5)
+
+
+# --------------------------------------------------------------------------------------------- the rule files
+
+RULE_DOC = """apiVersion: gpu-webhook.io/v1alpha1
+kind: GPUPolicy
+metadata: {{name: usage}}
+spec:
+  usage:
+{body}"""
+
+
+def usage_doc(body: str) -> list[tuple[str, str]]:
+    from webhook.admission.loader import packaged_rules_dir, read_sources
+
+    return [*read_sources(packaged_rules_dir()), ("zz-usage.yaml", RULE_DOC.format(body=body))]
+
+
+def test_packaged_rules_carry_the_cited_defaults() -> None:
+    from webhook.admission.loader import load_policy
+
+    rules = load_policy().usage
+    assert (rules.idle_below, rules.idle_minutes, rules.effective_above) == (0.01, 30.0, 0.5)
+    assert [s.name for s in rules.sizes] == ["mig-1g.5gb", "time-sliced", "mig-2g.10gb"]  # smallest first
+
+
+@pytest.mark.parametrize("body, parts", [
+    pytest.param("    effectiveAbove: 5\n", ["spec.usage.effectiveAbove", "5 is greater than the maximum of 1"],
+                 id="ratio-above-1"),
+    pytest.param("    idle: {below: 0.01, for: 30}\n", ['unknown field "for"', "forMinutes"], id="unknown-field"),
+    pytest.param("    sizes: {half: {resource: nvidia.com/gpu.shared}}\n",
+                 ["'gpuFraction' is a required property; add it"], id="size-without-fraction"),
+    pytest.param("    sizes: {x: {resource: example.com/tpu, gpuFraction: 0.5}}\n",
+                 ["line 6", "spec.usage.sizes.x.resource", '"example.com/tpu" is not one of spec.gpuResources'],
+                 id="size-resource-not-a-gpu"),
+    pytest.param("    sizes: {x: {resource: nvidia.com/gpu.shared, gpuFraction: 0.5, "
+                 "labels: {gpu-webhook.io/gpu-type: h100}}}\n",
+                 ['"h100" is not a value of gpu-webhook.io/gpu-type; choose from a100, t4'], id="size-label-value"),
+    pytest.param("    sizes: {x: {resource: nvidia.com/gpu.shared, gpuFraction: 0.5, labels: {team: a}}}\n",
+                 ['"team" is no class axis label'], id="size-label-not-an-axis"),
+    pytest.param("    sizes: {time-sliced: {resource: nvidia.com/gpu.shared, gpuFraction: 0.5}}\n",
+                 ["spec.usage.sizes.time-sliced.gpuFraction is 0.5 here but 0.25"], id="size-redefined-differently"),
+    pytest.param("    prometheus: prometheus:9090\n", ["spec.usage.prometheus", "is not a valid name here"],
+                 id="url-without-scheme"),
+])
+def test_usage_rule_errors(body: str, parts: list[str]) -> None:
+    from webhook.policy.rules import RuleError, parse_sources
+
+    with pytest.raises(RuleError) as err:
+        parse_sources(usage_doc(body))
+    for part in parts:
+        assert part in str(err.value), f"{part!r} not in {err.value}"

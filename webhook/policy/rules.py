@@ -31,6 +31,7 @@ import yaml
 from webhook.policy.findings import Enforcement
 from webhook.policy.manifests_io import yaml_documents
 from webhook.policy.pods import render_path
+from webhook.policy.usage import UsageRules, usage_rules
 
 API_VERSION = "gpu-webhook.io/v1alpha1"
 KIND = "GPUPolicy"
@@ -168,6 +169,7 @@ class Policy:
     mutate_templates: bool
     digest: str
     sources: tuple[str, ...] = ()
+    usage: UsageRules = field(default_factory=UsageRules)  # `spec.usage`: what `gpu-webhook usage` calls idle
     _resource_cache: dict[str, GPUResource | None] = field(default_factory=dict, compare=False, repr=False)
     plans: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)  # the engine's per-class memo
 
@@ -462,6 +464,8 @@ def _build(spec: Mapping[str, Any], origin: _Origin, sources: tuple[str, ...]) -
                 raise fail(where, f'"{unknown[0]}" is not a {axis_name} value; choose from {", ".join(found.values)}')
     common = _contribution(classes.get("common") or {})
     runtime_classes = set(spec.get("gpuRuntimeClasses") or [])
+    usage = usage_rules(spec.get("usage") or {}, fail, lambda name: any(r.matches(name) for r in resources),
+                        {a.label: tuple(a.values) for a in axes})
     digest = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:12]
     return Policy(
         resources=resources,
@@ -476,6 +480,7 @@ def _build(spec: Mapping[str, Any], origin: _Origin, sources: tuple[str, ...]) -
         mutate_templates=bool((spec.get("templates") or {}).get("mutate", False)),
         digest=digest,
         sources=tuple(dict.fromkeys(sources)),
+        usage=usage,
     )
 
 

@@ -92,8 +92,8 @@ def usage_rules(body: Mapping[str, Any], fail: Callable[[tuple[str, ...], str], 
     base = ("spec", "usage")
     idle = body.get("idle") or {}
     sizes = []
-    for index, raw in enumerate(body.get("sizes") or ()):
-        where = (*base, "sizes", str(index))
+    for name, raw in (body.get("sizes") or {}).items():
+        where = (*base, "sizes", name)
         if not resource_known(raw["resource"]):
             raise fail((*where, "resource"), f'"{raw["resource"]}" is not one of spec.gpuResources; add it there '
                        "or name a GPU resource the rules know")
@@ -105,20 +105,16 @@ def usage_rules(body: Mapping[str, Any], fail: Callable[[tuple[str, ...], str], 
             if value not in set(values):
                 raise fail((*where, "labels", label), f'"{value}" is not a value of {label}; choose from '
                            f"{', '.join(values)}")
-        sizes.append(Size(name=raw["name"], resource=raw["resource"], gpu_fraction=float(raw["gpuFraction"]),
+        sizes.append(Size(name=name, resource=raw["resource"], gpu_fraction=float(raw["gpuFraction"]),
                           memory_mib=raw.get("memoryMiB"), max_activity=raw.get("maxActivity"),
                           models=tuple(raw.get("models") or ()), labels=dict(raw.get("labels") or {})))
-    names = [s.name for s in sizes]
-    for index, name in enumerate(names):
-        if name in names[:index]:
-            raise fail((*base, "sizes", str(index), "name"), f'size "{name}" is defined twice; rename one')
     defaults = UsageRules()
     return UsageRules(
         idle_below=float(idle.get("below", defaults.idle_below)),
         idle_minutes=float(idle.get("forMinutes", defaults.idle_minutes)),
         effective_above=float(body.get("effectiveAbove", defaults.effective_above)),
         memory_headroom=float(body.get("memoryHeadroom", defaults.memory_headroom)),
-        sizes=tuple(sorted(sizes, key=lambda s: s.gpu_fraction)),
+        sizes=tuple(sorted(sizes, key=lambda s: (s.gpu_fraction, s.name))),
         prometheus=body.get("prometheus") or None,
     )
 
