@@ -26,7 +26,7 @@ import fnmatch
 import math
 import re
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -84,7 +84,7 @@ class UsageRules:
 
 
 def usage_rules(body: Mapping[str, Any], fail: Callable[[tuple[str, ...], str], Exception],
-                resource_known: Callable[[str], bool], axis_labels: Mapping[str, Mapping[str, Iterable[str]]]
+                resource_known: Callable[[str], bool], axis_labels: Mapping[str, Sequence[str]]
                 ) -> UsageRules:
     """`spec.usage` (already schema-checked) as UsageRules; `fail(path, problem)` builds the error to raise.
 
