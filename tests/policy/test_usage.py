@@ -305,3 +305,37 @@ def test_usage_rule_errors(body: str, parts: list[str]) -> None:
         parse_sources(usage_doc(body))
     for part in parts:
         assert part in str(err.value), f"{part!r} not in {err.value}"
+
+
+# --------------------------------------------------------------------------------------------- owners
+
+
+def obj(kind: str, name: str, owner: tuple[str, str] | None = None, gpus: dict[str, object] | None = None
+        ) -> dict[str, object]:
+    meta: dict[str, object] = {"name": name, "namespace": "ml"}
+    if owner:
+        meta["ownerReferences"] = [{"kind": owner[0], "name": owner[1], "controller": True}]
+    body: dict[str, object] = {"kind": kind, "metadata": meta}
+    if kind == "Pod":
+        body["spec"] = {"containers": [{"name": "cuda", "resources": {"limits": gpus or {}}}]}
+    return body
+
+
+@pytest.mark.parametrize("objects, expected_workload, expected_gpus", [
+    pytest.param([obj("Pod", "p", gpus={"nvidia.com/gpu": "1"})], ("Pod", "p"), 1.0, id="bare-pod"),
+    pytest.param([obj("Deployment", "web"), obj("ReplicaSet", "web-5d8", ("Deployment", "web")),
+                  obj("Pod", "p", ("ReplicaSet", "web-5d8"), {"nvidia.com/gpu": 2})], ("Deployment", "web"), 2.0,
+                 id="deployment-through-replicaset"),
+    pytest.param([obj("Pod", "p", ("ReplicaSet", "web-5d8"), {"nvidia.com/gpu": 1})], ("ReplicaSet", "web-5d8"), 1.0,
+                 id="replicaset-not-listed"),
+    pytest.param([obj("CronJob", "nightly"), obj("Job", "nightly-29", ("CronJob", "nightly")),
+                  obj("Pod", "p", ("Job", "nightly-29"), {"nvidia.com/mig-1g.5gb": 1})], ("CronJob", "nightly"), 1.0,
+                 id="cronjob-through-job"),
+    pytest.param([obj("Pod", "p", ("StatefulSet", "db"), {"cpu": "2"})], ("StatefulSet", "db"), 0.0,
+                 id="statefulset-no-gpu"),
+])
+def test_pods_and_owners(objects: list[dict[str, object]], expected_workload: tuple[str, str],
+                         expected_gpus: float) -> None:
+    found = usage.pods_from_objects(objects, lambda r: r.startswith("nvidia.com/"))
+    info = found[("ml", "p")]
+    assert (info.workload.kind, info.workload.name, info.gpus) == (*expected_workload, expected_gpus)

@@ -1,4 +1,4 @@
-"""`gpu-webhook`: serve | certs | check | lint | test | rules.
+"""`gpu-webhook`: serve | certs | check | lint | test | rules | audit | doctor | usage.
 
 Exit codes (every command): 0 all allowed / valid, 1 something denied / invalid / a test failed,
 2 usage or input errors (a file that cannot be read or parsed, named with its line).
@@ -49,7 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_lint(sub)
     _add_test(sub)
     _add_rules(sub)
-    for module in ("webhook.cli.server", "webhook.cli.cluster"):
+    for module in ("webhook.cli.server", "webhook.cli.cluster", "webhook.cli.usage"):
         _register_optional(module, sub)
     return parser
 

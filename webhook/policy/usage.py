@@ -26,7 +26,7 @@ import fnmatch
 import math
 import re
 from collections import defaultdict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -236,6 +236,7 @@ class WorkloadUsage:
     suggestion: str
     freeable_gpus: float
     reason: str
+    timeline: tuple[tuple[float, float], ...] = field(default=(), compare=False, repr=False)  # (t, mean activity)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -455,6 +456,7 @@ def _judge(workload: Workload, members: list[tuple[tuple[str, str], dict[tuple[s
            timelines: Mapping[tuple[str, str, str], _DeviceTimeline], rules: UsageRules, step: float
            ) -> WorkloadUsage:
     activity: list[float] = []
+    activity_at: dict[float, list[float]] = defaultdict(list)
     held_at: dict[float, float] = defaultdict(float)
     gpu_hours = idle_hours = 0.0
     fb_peak: float | None = None
@@ -475,6 +477,7 @@ def _judge(workload: Workload, members: list[tuple[tuple[str, str], dict[tuple[s
                 fb_peak = _max(fb_peak, x.fb_used)
                 if x.activity is not None:
                     activity.append(x.activity)
+                    activity_at[x.t].append(x.activity)
             idle_hours += _idle_hours(xs, rules, step)
     p50, p95 = percentile(activity, 50), percentile(activity, 95)
     gpus = max(held_at.values(), default=0.0)
@@ -511,7 +514,8 @@ def _judge(workload: Workload, members: list[tuple[tuple[str, str], dict[tuple[s
         devices=tuple(sorted({str(d) for d in devices})), model=model, gpus=gpus, gpu_hours=gpu_hours,
         idle_gpu_hours=idle_hours, p50=p50, p95=p95, activity_metric="+".join(sorted(m for m in metrics if m)),
         fb_peak_mib=fb_peak, card_mib=card, shared_with=shared_with, verdict=verdict, suggestion=suggestion,
-        freeable_gpus=freeable, reason=reason)
+        freeable_gpus=freeable, reason=reason,
+        timeline=tuple((t, sum(v) / len(v)) for t, v in sorted(activity_at.items())))
 
 
 def _idle_hours(xs: Sequence[_Sample], rules: UsageRules, step: float) -> float:
@@ -555,3 +559,61 @@ def _iso(ts: float) -> str:
 
 def _describe_labels(labels: Mapping[str, str]) -> str:
     return "{" + ",".join(f'{k}="{v}"' for k, v in sorted(labels.items())) + "}"
+
+
+# --------------------------------------------------------------------------------------------- the cluster's Pods
+
+_TOP_OWNERS = {"ReplicaSet": "Deployment", "Job": "CronJob"}  # the owner kinds that may themselves be owned
+
+
+def pods_from_objects(objects: Iterable[Mapping[str, Any]], is_gpu: Callable[[str], bool]
+                      ) -> dict[tuple[str, str], PodInfo]:
+    """The Pods among listed objects (JSON with `kind`), each with its top owner and the GPUs it requests.
+
+    Owners are followed through the listed objects: Pod -> ReplicaSet -> Deployment, Pod -> Job -> CronJob, Pod ->
+    StatefulSet or DaemonSet. A Pod whose controller is not listed is its own workload under the controller's
+    name and kind (what its ownerReference says). `is_gpu(resource name)`: whether a resource counts as a GPU."""
+    by_key: dict[tuple[str, str, str], Mapping[str, Any]] = {}
+    pods = []
+    for obj in objects:
+        meta = obj.get("metadata") or {}
+        key = (str(obj.get("kind", "")), str(meta.get("namespace", "")), str(meta.get("name", "")))
+        by_key[key] = obj
+        if key[0] == "Pod":
+            pods.append(obj)
+    found: dict[tuple[str, str], PodInfo] = {}
+    for pod in pods:
+        meta = pod.get("metadata") or {}
+        ns, name = str(meta.get("namespace", "")), str(meta.get("name", ""))
+        workload = Workload("Pod", ns, name)
+        current: Mapping[str, Any] = pod
+        for _ in range(3):
+            ref = _controller(current)
+            if ref is None:
+                break
+            workload = Workload(str(ref.get("kind", "")), ns, str(ref.get("name", "")))
+            owner = by_key.get((workload.kind, ns, workload.name))
+            if owner is None or workload.kind not in _TOP_OWNERS:
+                break
+            current = owner
+        gpus = 0.0
+        for container in (pod.get("spec") or {}).get("containers") or ():
+            resources = container.get("resources") or {}
+            amounts = resources.get("limits") or resources.get("requests") or {}
+            for resource, amount in amounts.items():
+                if is_gpu(str(resource)):
+                    gpus += _quantity(amount)
+        found[(ns, name)] = PodInfo(ns, name, workload, gpus)
+    return found
+
+
+def _controller(obj: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    refs = (obj.get("metadata") or {}).get("ownerReferences") or ()
+    return next((r for r in refs if r.get("controller")), next(iter(refs), None))
+
+
+def _quantity(amount: Any) -> float:
+    try:
+        return float(amount)
+    except (TypeError, ValueError):
+        return 0.0

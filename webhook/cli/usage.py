@@ -1,0 +1,220 @@
+"""`gpu-webhook usage` (`register(subparsers)`): which workloads hold GPUs they barely use, from Prometheus.
+
+Exit codes: 0 the report was made (whatever it says), 2 usage or input error: Prometheus unreachable or not the
+Prometheus API, a query timeout, no dcgm-exporter data, series without pod labels, rules, kubeconfig, API server.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import datetime as dt
+import json
+import os
+import re
+import sys
+import time
+from typing import Any, TextIO
+
+from webhook.admission.loader import load_policy
+from webhook.cli.main import EXIT_OK, EXIT_USAGE, resolve_rules, rules_arg
+from webhook.cluster import kube, prometheus
+from webhook.policy import usage
+from webhook.policy.rules import Policy
+
+PROMETHEUS_ENV = "GPU_WEBHOOK_PROMETHEUS"
+COLUMNS = ("workload", "gpus", "gpu_hours", "idle_gpu_hours", "p50", "p95", "activity_metric", "fb_peak_mib",
+           "card_mib", "shared_with", "verdict", "suggestion", "freeable_gpus", "pods", "reason")
+
+
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser(
+        "usage", help="find workloads holding GPUs they barely use (dcgm-exporter data in Prometheus)",
+        description="Join dcgm-exporter metrics in Prometheus to the cluster's Pods and their owners; rank "
+        "workloads by idle GPU-hours and suggest a smaller size from the rules' usage section. Exit 0: report "
+        "made; 2: usage or input error (Prometheus unreachable, query timeout, no dcgm-exporter data).")
+    add_prometheus_args(p)
+    p.add_argument("--since", default="7d", metavar="DURATION", help="how far back to look: 30m, 12h, 7d, 2w "
+                   "(default 7d)")
+    p.add_argument("--until", default=None, metavar="TIME", help="end of the window: RFC 3339 or unix seconds "
+                   "(default now)")
+    scope = p.add_mutually_exclusive_group()
+    scope.add_argument("-n", "--namespace", help="one namespace (default: the kubeconfig context's)")
+    scope.add_argument("-A", "--all-namespaces", action="store_true", help="every namespace")
+    p.add_argument("-o", "--output", choices=("human", "json", "csv"), default="human")
+    p.add_argument("--plot", metavar="WORKLOAD", help="also draw one workload's activity over time in the terminal "
+                   "(NAME, or KIND/NAME)")
+    p.add_argument("--kubeconfig", metavar="FILE", help="kubeconfig file (default: $KUBECONFIG, else "
+                   "~/.kube/config, else the in-cluster ServiceAccount)")
+    p.add_argument("--context", help="kubeconfig context (default: the current context)")
+    rules_arg(p)
+    p.set_defaults(func=run_usage)
+
+
+def add_prometheus_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--prometheus", metavar="URL", default=None,
+                        help=f"Prometheus base URL (default: ${PROMETHEUS_ENV}, else usage.prometheus in the rules)")
+    parser.add_argument("--timeout", type=float, default=60.0, metavar="SECONDS",
+                        help="per-query timeout (default 60)")
+
+
+def prometheus_url(args: argparse.Namespace, policy: Policy) -> str | None:
+    """--prometheus, else $GPU_WEBHOOK_PROMETHEUS, else the rules' usage.prometheus."""
+    return args.prometheus or os.environ.get(PROMETHEUS_ENV) or policy.usage.prometheus
+
+
+def _fail(message: str) -> int:
+    print(f"gpu-webhook usage: {message}", file=sys.stderr)
+    return EXIT_USAGE
+
+
+def run_usage(args: argparse.Namespace) -> int:
+    policy = load_policy(resolve_rules(args.rules))
+    url = prometheus_url(args, policy)
+    if not url:
+        return _fail(f"no Prometheus to read: pass --prometheus URL, set ${PROMETHEUS_ENV}, or set usage.prometheus "
+                     "in the rules")
+    try:
+        since = prometheus.parse_duration(args.since)
+        end = parse_time(args.until) if args.until else time.time()
+    except ValueError as err:
+        return _fail(str(err))
+    start, step = end - since, prometheus.step_for(since)
+    try:
+        prom = prometheus.Prometheus(url, timeout=args.timeout)
+        api = kube.api_client(args.kubeconfig, context=args.context)
+        namespace = None if args.all_namespaces else (args.namespace or kube.context_namespace(args.kubeconfig,
+                                                                                              args.context))
+        series = _read_with_progress(prom, start, end, step)
+        objects = kube.read_workloads(api, namespace)
+    except (prometheus.PrometheusError, kube.KubeError) as err:
+        return _fail(str(err))
+    pods = usage.pods_from_objects(objects, lambda name: policy.gpu_resource(name) is not None)
+    try:
+        report = usage.analyse(series, pods, policy.usage, start=start, end=end, step=step, namespace=namespace)
+    except usage.UsageError as err:
+        return _fail(f"{url}: {err}")
+    out = sys.stdout
+    if args.output == "json":
+        json.dump({"prometheus": url, "rules": policy.digest, **report.to_json()}, out, indent=2)
+        out.write("\n")
+    elif args.output == "csv":
+        write_csv(report, out)
+    else:
+        render(report, out, f"{url}; rules {policy.digest}")
+    if args.plot:
+        found = find_workload(report, args.plot)
+        if found is None:
+            return _fail(f"--plot {args.plot}: no such workload in the report; workloads are: "
+                         f"{', '.join(str(w.workload) for w in report.workloads) or '(none)'}")
+        target = sys.stderr if args.output != "human" else out
+        target.write(plot(found, color=target.isatty()) + "\n")
+    return EXIT_OK
+
+
+def parse_time(text: str) -> float:
+    """Unix seconds, or an RFC 3339 time (2026-12-04T16:00:00Z)."""
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    try:
+        return dt.datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        raise ValueError(f"--until {text!r} is neither unix seconds nor an RFC 3339 time such as "
+                         "2026-12-04T16:00:00Z") from None
+
+
+def _read_with_progress(prom: prometheus.Prometheus, start: float, end: float, step: float) -> list[usage.Series]:
+    """The range queries, with a progress bar on standard error when it is a terminal."""
+    from tqdm import tqdm
+
+    with tqdm(total=len(prometheus.ROLLUPS), desc="querying Prometheus", unit="query", file=sys.stderr,
+              disable=not sys.stderr.isatty(), leave=False) as bar:
+        def progress(metric: str) -> None:
+            if bar.n or metric != next(iter(prometheus.ROLLUPS)):
+                bar.update(1)
+            bar.set_postfix_str(metric)
+
+        series = prometheus.read_series(prom, start, end, step, progress)
+        bar.update(bar.total - bar.n)
+    return series
+
+
+def find_workload(report: usage.Report, name: str) -> usage.WorkloadUsage | None:
+    for row in report.workloads:
+        w = row.workload
+        if name in (w.name, f"{w.kind}/{w.name}", f"{w.kind.lower()}/{w.name}", str(w)):
+            return row
+    return None
+
+
+# --------------------------------------------------------------------------------------------- output
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{value * 100:.1f}%"
+
+
+def _mem(row: usage.WorkloadUsage) -> str:
+    peak = "?" if row.fb_peak_mib is None else f"{row.fb_peak_mib:,.0f}"
+    card = "?" if row.card_mib is None else f"{row.card_mib:,.0f}"
+    return f"{peak}/{card} MiB"
+
+
+def render(report: usage.Report, out: TextIO, source: str) -> None:
+    start = dt.datetime.fromtimestamp(report.start, dt.UTC).strftime("%Y-%m-%d %H:%M")
+    end = dt.datetime.fromtimestamp(report.end, dt.UTC).strftime("%Y-%m-%d %H:%M")
+    out.write(f"GPU usage {start} to {end} UTC (step {report.step:g} s) from {source}\n\n")
+    rows = [("WORKLOAD", "GPUS", "GPU-H", "IDLE-H", "P50", "P95", "MEMORY PEAK/CARD", "VERDICT", "SUGGESTION")]
+    for r in report.workloads:
+        shared = f" (1/{r.shared_with})" if r.shared_with > 1 else ""
+        rows.append((str(r.workload), f"{r.gpus:.3g}{shared}", f"{r.gpu_hours:.1f}", f"{r.idle_gpu_hours:.1f}",
+                     _pct(r.p50), _pct(r.p95), _mem(r), r.verdict, r.suggestion))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
+    for row in rows:
+        out.write("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=False)) + "  " + row[-1] + "\n")
+    if not report.workloads:
+        out.write("(no GPU-holding workload in scope)\n")
+    whole = int(report.freeable_gpus + 1e-9)
+    out.write(f"\nTotal: {report.gpu_hours:.1f} GPU-hours held, {report.idle_gpu_hours:.1f} idle; "
+              f"{report.freeable_gpus:.2f} GPUs could be freed ({whole} whole GPU{'s' if whole != 1 else ''}).\n")
+    for miss in report.unjoined:
+        out.write(f"Not attributed: {miss.series} series, {miss.gpu_hours:.1f} GPU-hours: {miss.reason} "
+                  f"(e.g. {', '.join(miss.examples)})\n")
+    if report.unallocated_devices:
+        out.write(f"{report.unallocated_devices} device(s) held by no Pod in the window.\n")
+    for r in report.workloads:
+        if r.verdict in ("idle", "oversized", "underused"):
+            out.write(f"  {r.workload}: {r.reason}\n")
+
+
+def write_csv(report: usage.Report, out: TextIO) -> None:
+    writer = csv.writer(out)
+    writer.writerow(COLUMNS)
+    for r in report.workloads:
+        writer.writerow([str(r.workload), f"{r.gpus:.4g}", f"{r.gpu_hours:.4f}", f"{r.idle_gpu_hours:.4f}",
+                         _num(r.p50), _num(r.p95), r.activity_metric, _num(r.fb_peak_mib), _num(r.card_mib),
+                         r.shared_with, r.verdict, r.suggestion, f"{r.freeable_gpus:.4f}", " ".join(r.pods),
+                         r.reason])
+
+
+def _num(value: float | None) -> str:
+    return "" if value is None else f"{value:.4f}"
+
+
+def plot(row: usage.WorkloadUsage, width: int = 100, height: int = 20, color: bool = False) -> str:
+    """A terminal line chart of the workload's activity (percent of a GPU) over time, with plotext."""
+    import plotext as plt
+
+    plt.clear_figure()
+    plt.plotsize(width, height)
+    plt.theme("clear")
+    plt.date_form("Y-m-d H:M")
+    times = [dt.datetime.fromtimestamp(t, dt.UTC).strftime("%Y-%m-%d %H:%M") for t, _ in row.timeline]
+    plt.plot(times, [v * 100 for _, v in row.timeline], marker="braille")
+    plt.ylim(0, 100)
+    plt.title(f"{row.workload}: {row.activity_metric} (% of a GPU)")
+    chart = str(plt.build())
+    return chart if color else re.sub(r"\x1b\[[0-9;]*m", "", chart)
+
