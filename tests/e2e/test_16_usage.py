@@ -228,3 +228,30 @@ def test_not_the_prometheus_api(cluster: Cluster) -> None:
     done = usage_cli(cluster, "--prometheus", cluster.server.replace("https://", "http://"), "-A")
     assert done.returncode == 2 and "Traceback" not in done.stderr
     assert "not the Prometheus API" in done.stderr or "cannot reach Prometheus" in done.stderr
+
+
+def test_audit_gains_the_usage_view(cluster: Cluster, victoria: VictoriaMetrics, scenario: dict[str, Any]) -> None:
+    env = {**os.environ, "KUBECONFIG": str(cluster.kubeconfig)}
+    done = subprocess.run([sys.executable, "-m", "webhook", "audit", "-n", scenario["namespace"], "--usage",
+                           "--prometheus", victoria.url, "--since", f"{MINUTES}m", "--until", str(scenario["end"]),
+                           "-o", "json"], capture_output=True, text=True, env=env, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    answer = json.loads(done.stdout)
+    assert answer["inventory"]["synced"] in (True, False)  # audit's own report is still there
+    rows = {w["name"]: w for w in answer["usage"]["workloads"]}
+    assert rows["notebook"]["verdict"] == "idle"
+    assert rows["notebook"]["idleGpuHours"] == pytest.approx(MINUTES * STEP / 3600)
+    assert answer["usage"]["totals"]["wholeGpusFreeable"] == 2
+
+
+def test_doctor_mentions_the_pods_usage(cluster: Cluster, victoria: VictoriaMetrics,
+                                        scenario: dict[str, Any]) -> None:
+    env = {**os.environ, "KUBECONFIG": str(cluster.kubeconfig), "GPU_WEBHOOK_PROMETHEUS": victoria.url}
+    pod = scenario["pods"]["notebook"]
+    done = subprocess.run([sys.executable, "-m", "webhook", "doctor", pod, "-n", scenario["namespace"],
+                           "--since", f"{MINUTES}m", "--until", str(scenario["end"])],
+                          capture_output=True, text=True, env=env, timeout=120, check=False)
+    assert done.returncode in (0, 1), done.stderr
+    usage_line = next(line for line in done.stdout.splitlines() if line.startswith("Usage over"))
+    assert f"(Deployment/{scenario['namespace']}/notebook): 1 GPU, 6.0 GPU-hours, 6.0 idle" in usage_line
+    assert "  idle: release its GPUs" in done.stdout

@@ -15,6 +15,7 @@ import sys
 from typing import Any, TextIO
 
 from webhook.admission.loader import load_policy
+from webhook.cli import usage as usage_cli
 from webhook.cli.main import EXIT_DENIED, EXIT_OK, EXIT_USAGE, resolve_rules, rules_arg
 from webhook.cluster import audit, doctor, kube
 
@@ -33,6 +34,7 @@ def register(subparsers: Any) -> None:
     scope.add_argument("-A", "--all-namespaces", action="store_true", help="every namespace")
     p.add_argument("-o", "--output", choices=("human", "json"), default="human")
     _cluster_args(p)
+    usage_cli.add_audit_args(p)
     p.set_defaults(func=run_audit)
 
     d = subparsers.add_parser(
@@ -44,6 +46,7 @@ def register(subparsers: Any) -> None:
     d.add_argument("-n", "--namespace", help="the Pod's namespace (default: the kubeconfig context's)")
     d.add_argument("-o", "--output", choices=("human", "json"), default="human")
     _cluster_args(d)
+    usage_cli.add_doctor_args(d)
     d.set_defaults(func=run_doctor)
 
 
@@ -76,11 +79,18 @@ def run_audit(args: argparse.Namespace) -> int:
     except kube.KubeError as err:
         return _fail("audit", str(err))
     result = audit.audit(policy, objects, snapshot)
+    try:
+        measured = usage_cli.audit_usage(args, policy, namespace, objects)
+    except usage_cli.Failure as err:
+        return _fail("audit", str(err))
     if args.output == "json":
-        json.dump(result.to_json(), sys.stdout, indent=2)
+        json.dump({**result.to_json(), **({"usage": measured.to_json()} if measured else {})}, sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
         audit.render(result, sys.stdout)
+        if measured:
+            sys.stdout.write("\n")
+            usage_cli.render(measured, sys.stdout, usage_cli.prometheus_url(args, policy) or "")
     return EXIT_DENIED if result.denied else EXIT_OK
 
 
@@ -98,11 +108,13 @@ def run_doctor(args: argparse.Namespace) -> int:
                      "for FailedCreate events on its ReplicaSet or Job: kubectl get events -n "
                      f"{namespace} --field-selector reason=FailedCreate")
     report = doctor.diagnose(policy, facts)
+    measured = usage_cli.doctor_usage(args, policy, facts.pod, [*facts.owners, *facts.pods])
     if args.output == "json":
-        json.dump(report.to_json(), sys.stdout, indent=2)
+        json.dump({**report.to_json(), **({"usage": measured} if measured else {})}, sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
         render_report(report, sys.stdout)
+        sys.stdout.writelines(f"{line}\n" for line in measured)
     return EXIT_DENIED if report.broken else EXIT_OK
 
 

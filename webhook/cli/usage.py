@@ -14,6 +14,7 @@ import os
 import re
 import sys
 import time
+from collections.abc import Mapping, Sequence
 from typing import Any, TextIO
 
 from webhook.admission.loader import load_policy
@@ -68,32 +69,53 @@ def _fail(message: str) -> int:
     return EXIT_USAGE
 
 
-def run_usage(args: argparse.Namespace) -> int:
-    policy = load_policy(resolve_rules(args.rules))
-    url = prometheus_url(args, policy)
-    if not url:
-        return _fail(f"no Prometheus to read: pass --prometheus URL, set ${PROMETHEUS_ENV}, or set usage.prometheus "
-                     "in the rules")
+class Failure(Exception):
+    """Input `usage` cannot work with; the message says what is missing and how to fix it."""
+
+
+def window(args: argparse.Namespace) -> tuple[float, float, float]:
+    """(start, end, step) from --since and --until."""
     try:
         since = prometheus.parse_duration(args.since)
         end = parse_time(args.until) if args.until else time.time()
     except ValueError as err:
-        return _fail(str(err))
-    start, step = end - since, prometheus.step_for(since)
+        raise Failure(str(err)) from None
+    return end - since, end, prometheus.step_for(since)
+
+
+def measure(args: argparse.Namespace, policy: Policy, url: str | None, objects: Sequence[Mapping[str, Any]],
+            namespace: str | None, progress: bool = True) -> usage.Report:
+    """Read the window's dcgm-exporter series from `url` and judge them against the listed cluster objects."""
+    if not url:
+        raise Failure(f"no Prometheus to read: pass --prometheus URL, set ${PROMETHEUS_ENV}, or set "
+                      "usage.prometheus in the rules")
+    start, end, step = window(args)
     try:
         prom = prometheus.Prometheus(url, timeout=args.timeout)
+        series = (_read_with_progress(prom, start, end, step) if progress
+                  else prometheus.read_series(prom, start, end, step))
+    except prometheus.PrometheusError as err:
+        raise Failure(str(err)) from None
+    pods = usage.pods_from_objects(objects, lambda name: policy.gpu_resource(name) is not None)
+    try:
+        return usage.analyse(series, pods, policy.usage, start=start, end=end, step=step, namespace=namespace)
+    except usage.UsageError as err:
+        raise Failure(f"{url}: {err}") from None
+
+
+def run_usage(args: argparse.Namespace) -> int:
+    policy = load_policy(resolve_rules(args.rules))
+    url = prometheus_url(args, policy)
+    try:
+        window(args)  # a bad --since or --until is refused before anything is read
         api = kube.api_client(args.kubeconfig, context=args.context)
         namespace = None if args.all_namespaces else (args.namespace or kube.context_namespace(args.kubeconfig,
                                                                                               args.context))
-        series = _read_with_progress(prom, start, end, step)
-        objects = kube.read_workloads(api, namespace)
-    except (prometheus.PrometheusError, kube.KubeError) as err:
+        report = measure(args, policy, url, kube.read_workloads(api, namespace), namespace)
+    except kube.KubeError as err:
         return _fail(str(err))
-    pods = usage.pods_from_objects(objects, lambda name: policy.gpu_resource(name) is not None)
-    try:
-        report = usage.analyse(series, pods, policy.usage, start=start, end=end, step=step, namespace=namespace)
-    except usage.UsageError as err:
-        return _fail(f"{url}: {err}")
+    except Failure as err:
+        return _fail(str(err))
     out = sys.stdout
     if args.output == "json":
         json.dump({"prometheus": url, "rules": policy.digest, **report.to_json()}, out, indent=2)
@@ -218,3 +240,54 @@ def plot(row: usage.WorkloadUsage, width: int = 100, height: int = 20, color: bo
     chart = str(plt.build())
     return chart if color else re.sub(r"\x1b\[[0-9;]*m", "", chart)
 
+
+
+# --------------------------------------------------------------------------------------------- audit and doctor
+
+
+def add_audit_args(parser: argparse.ArgumentParser) -> None:
+    """`audit --usage`: the same namespaces' GPU workloads ranked by measured use, after the policy verdicts."""
+    parser.add_argument("--usage", action="store_true", help="also rank the GPU workloads in scope by measured "
+                        "use (dcgm-exporter data in Prometheus; as `gpu-webhook usage`)")
+    parser.add_argument("--since", default="7d", metavar="DURATION", help="with --usage: how far back (default 7d)")
+    parser.add_argument("--until", default=None, metavar="TIME", help="with --usage: end of the window (default now)")
+    add_prometheus_args(parser)
+
+
+def audit_usage(args: argparse.Namespace, policy: Policy, namespace: str | None,
+                objects: Sequence[Mapping[str, Any]]) -> usage.Report | None:
+    """With --usage, the usage report over audit's own scope and objects; raises Failure when it cannot be made."""
+    if not args.usage:
+        return None
+    return measure(args, policy, prometheus_url(args, policy), objects, namespace)
+
+
+def add_doctor_args(parser: argparse.ArgumentParser) -> None:
+    """`doctor` reports the Pod's usage when a Prometheus is configured (--prometheus, the env, or the rules)."""
+    parser.add_argument("--since", default="7d", metavar="DURATION",
+                        help="with a Prometheus configured: how far back to read the Pod's usage (default 7d)")
+    parser.add_argument("--until", default=None, metavar="TIME", help="end of that window (default now)")
+    add_prometheus_args(parser)
+
+
+def doctor_usage(args: argparse.Namespace, policy: Policy, pod: Mapping[str, Any],
+                 objects: Sequence[Mapping[str, Any]]) -> list[str]:
+    """Lines on the Pod's measured use for `doctor`, or none when no Prometheus is configured. Never raises:
+    a Prometheus that cannot answer is a line saying so, since the diagnosis stands without it."""
+    url = prometheus_url(args, policy)
+    if not url:
+        return []
+    meta = pod.get("metadata") or {}
+    namespace, name = str(meta.get("namespace", "")), str(meta.get("name", ""))
+    try:
+        report = measure(args, policy, url, [pod, *objects], namespace, progress=False)
+    except Failure as err:
+        return [f"Usage: not available: {err}"]
+    row = next((w for w in report.workloads if f"{namespace}/{name}" in w.pods), None)
+    if row is None:
+        return [f"Usage over {args.since} from {url}: no dcgm-exporter series name this Pod (it held no GPU in "
+                "that time, or the exporter's pod labels do not reach Prometheus)"]
+    return [f"Usage over {args.since} from {url} ({row.workload}): {row.gpus:.3g} GPU, {row.gpu_hours:.1f} "
+            f"GPU-hours, {row.idle_gpu_hours:.1f} idle; activity p50 {_pct(row.p50)}, p95 {_pct(row.p95)}; "
+            f"memory {_mem(row)}",
+            f"  {row.verdict}: {row.suggestion} ({row.reason})"]
