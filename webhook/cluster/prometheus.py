@@ -56,7 +56,10 @@ def step_for(seconds: float, scrape_interval: float = 60.0) -> float:
 
 @dataclass
 class Prometheus:
-    """A Prometheus HTTP API client: base URL (http://host:9090, or a path prefix behind a proxy)."""
+    """A Prometheus HTTP API client: base URL (http://host:9090, or a path prefix behind a proxy).
+
+    `timeout` is sent as the query's own timeout; the client waits a little longer (up to 5 s) for the server
+    to say so itself before giving up on the connection."""
 
     url: str
     timeout: float = 60.0
@@ -86,7 +89,7 @@ class Prometheus:
         try:
             response = self.pool.request(
                 "GET", where, fields=dict(fields), headers=dict(self.headers or {}),
-                timeout=urllib3.Timeout(connect=CONNECT_TIMEOUT, read=self.timeout + 5))
+                timeout=urllib3.Timeout(connect=CONNECT_TIMEOUT, read=self.timeout + min(5.0, self.timeout / 2)))
         except urllib3.exceptions.ReadTimeoutError:
             raise PrometheusError(
                 f"{self.url} did not answer {fields['query']!r} within {self.timeout:g} s: shorten --since, narrow "
