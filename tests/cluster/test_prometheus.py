@@ -172,6 +172,17 @@ def test_cli_bad_input_exits_2_with_the_fix(stand_in: Any, no_cluster: Any, caps
     assert code == 2 and "'7days' is not a duration" in err
     code, _, err = run_cli(capsys, "--prometheus", stand_in(lambda p, q: matrix()), "-A")
     assert code == 2 and "no dcgm-exporter series" in err and "scrape job" in err
+    assert "It has none of them now either" in err
+
+    def only_now(path: str, query: dict[str, list[str]]) -> Answer:
+        if path == "/api/v1/query":  # the instant check: the metric exists, outside the window
+            body = {"status": "success", "data": {"resultType": "vector", "result": [
+                {"metric": {"__name__": usage.GPU_UTIL}, "value": [0, "8"]}]}}
+            return 200, "application/json", json.dumps(body).encode()
+        return matrix()
+
+    code, _, err = run_cli(capsys, "--prometheus", stand_in(only_now), "-A")
+    assert code == 2 and "It has DCGM_FI_DEV_GPU_UTIL now: widen --since" in err
 
     def slow(path: str, query: dict[str, list[str]]) -> Answer:
         time.sleep(2)

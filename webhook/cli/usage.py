@@ -100,12 +100,26 @@ def measure(args: argparse.Namespace, policy: Policy, url: str | None, objects: 
     try:
         return usage.analyse(series, pods, policy.usage, start=start, end=end, step=step, namespace=namespace)
     except usage.UsageError as err:
-        raise Failure(f"{url}: {err}") from None
+        raise Failure(f"{url}: {err}{'' if series else _present_now(prom)}") from None
+
+
+def _present_now(prom: prometheus.Prometheus) -> str:
+    """For an empty window: whether the server has the metrics at all right now (an instant query)."""
+    try:
+        names = prometheus.present_metrics(prom, time.time())
+    except prometheus.PrometheusError:
+        return ""
+    if names:
+        return f". It has {', '.join(names)} now: widen --since, or move --until to when the Pods ran"
+    return ". It has none of them now either"
 
 
 def run_usage(args: argparse.Namespace) -> int:
     policy = load_policy(resolve_rules(args.rules))
     url = prometheus_url(args, policy)
+    if not url:
+        return _fail(f"no Prometheus to read: pass --prometheus URL, set ${PROMETHEUS_ENV}, or set usage.prometheus "
+                     "in the rules")
     try:
         window(args)  # a bad --since or --until is refused before anything is read
         api = kube.api_client(args.kubeconfig, context=args.context)
