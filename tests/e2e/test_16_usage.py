@@ -255,3 +255,11 @@ def test_doctor_mentions_the_pods_usage(cluster: Cluster, victoria: VictoriaMetr
     usage_line = next(line for line in done.stdout.splitlines() if line.startswith("Usage over"))
     assert f"(Deployment/{scenario['namespace']}/notebook): 1 GPU, 6.0 GPU-hours, 6.0 idle" in usage_line
     assert "  idle: release its GPUs" in done.stdout
+
+
+def test_audit_usage_without_a_reachable_prometheus_exits_2(cluster: Cluster, scenario: dict[str, Any]) -> None:
+    env = {**os.environ, "KUBECONFIG": str(cluster.kubeconfig)}
+    done = subprocess.run([sys.executable, "-m", "webhook", "audit", "-n", scenario["namespace"], "--usage",
+                           "--prometheus", f"http://127.0.0.1:{free_port()}"],
+                          capture_output=True, text=True, env=env, timeout=120, check=False)
+    assert done.returncode == 2 and "gpu-webhook audit: cannot reach Prometheus" in done.stderr
