@@ -327,7 +327,6 @@ class _DeviceTimeline:
     fb_free: dict[float, float] = field(default_factory=dict)
     fb_reserved: dict[float, float] = field(default_factory=dict)
     holders: dict[float, set[tuple[str, str]]] = field(default_factory=lambda: defaultdict(set))
-    seen: set[float] = field(default_factory=set)
 
     def card_mib(self) -> float | None:
         totals = [used + self.fb_free[t] + self.fb_reserved.get(t, 0.0)
@@ -389,7 +388,6 @@ def analyse(series: Sequence[Series], pods: Mapping[tuple[str, str], PodInfo], r
         for t, value in s.points:
             if math.isnan(value):
                 continue
-            line.seen.add(t)
             if holder is not None:
                 line.holders[t].add(holder)
             if s.metric == GPU_UTIL:
