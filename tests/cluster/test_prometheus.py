@@ -5,8 +5,10 @@ hang past the timeout, answer HTML, refuse a query."""
 
 from __future__ import annotations
 
+import io
 import json
 import socket
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -16,6 +18,7 @@ from urllib.parse import parse_qs, urlparse
 
 import pytest
 
+from webhook.cli import usage as usage_cli
 from webhook.cli.main import main
 from webhook.cluster import kube, prometheus
 from webhook.policy import usage
@@ -214,3 +217,22 @@ def test_cli_reports_from_the_rules_url(stand_in: Any, no_cluster: Any, capsys: 
     [row] = report["workloads"]
     assert (row["name"], row["verdict"], row["gpuHours"], row["idleGpuHours"]) == ("p", "idle", 1.0, 1.0)
     assert row["memory"] == {"peakMiB": 1625.0, "cardMiB": 143771.0}
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+@pytest.mark.parametrize("terminal", [True, False])
+def test_progress_bar_only_on_a_terminal(stand_in: Any, monkeypatch: pytest.MonkeyPatch, terminal: bool) -> None:
+    err = _Terminal() if terminal else io.StringIO()
+    monkeypatch.setattr(sys, "stderr", err)
+    url = stand_in(lambda p, q: matrix((LABELS, [(0.0, "1")])))
+    series = usage_cli._read_with_progress(prometheus.Prometheus(url), 0, 60, 60)
+    assert len(series) == len(prometheus.ROLLUPS)
+    shown = err.getvalue()
+    if terminal:
+        assert "querying Prometheus" in shown and f"{list(prometheus.ROLLUPS)[-1]}]" in shown  # names the query
+    else:
+        assert shown == ""
