@@ -202,13 +202,37 @@ def test_held_back_warning_names_the_axis_and_the_nodes() -> None:
     assert "matches 1 GPU node (a100-1)" in warning
 
 
-def test_a_pod_that_chose_no_nodes_keeps_the_platform_default() -> None:
-    """Only a Pod's own selection is protected: a plain Pod gets its class (and gpu-class-no-node if none fits)."""
-    snapshot = snapshot_of([seed_node("a100-1", {"gpu-type": "a100", "workload": "training"})], [], [], [])
+def test_a_plain_pod_keeps_the_defaults_the_live_nodes_satisfy() -> None:
+    """A Pod that chose no nodes is not made unschedulable by a default: each default axis value no Ready node
+    advertising its GPU satisfies is held back (with a warning), the others are kept; /validate agrees."""
+    nodes = [seed_node("a100-1", {"gpu-type": "a100", "workload": "inference"})]
+    snapshot = snapshot_of(nodes, [], [], [])
     pod = seed_a100_pod()
     del pod["spec"]["nodeSelector"]
-    verdict = decide(policy(), pod, "default", inventory=snapshot).verdict
-    assert "gpu-class-no-node" in verdict.rules
+    outcome = decide(policy(), pod, "default", inventory=snapshot)
+    assert outcome.verdict.allowed and "gpu-class-no-node" not in outcome.verdict.rules
+    assert outcome.patched["spec"]["nodeSelector"] == {"workload": "inference"}
+    [warning] = [f.render() for f in outcome.verdict.warnings if f.rule == "gpu-class-skipped"]
+    assert "gpu-type t4 (from the cluster default) was not applied" in warning
+    assert warning.endswith("set spec.classes.axes.gpu-type.default: a100"), warning
+    assert admitted(nodes, outcome.patched["spec"])
+    final = decide(policy(), outcome.patched, "default", mode="validate", inventory=snapshot)
+    assert final.verdict.allowed, final.verdict.message()
+    assert final.verdict.gpu_class == outcome.verdict.gpu_class == "workload=inference,gpu-type=t4"
+    offline = decide(policy(), pod, "default")
+    assert offline.patched["spec"]["nodeSelector"] == {"workload": "inference", "gpu-type": "t4"}, \
+        "without cluster awareness nothing changes"
+
+
+def test_a_plain_pod_gets_the_platform_default_when_no_gpu_node_is_ready() -> None:
+    """No Ready node advertises the GPU at all: nothing is held back (gpu-class-no-node says why)."""
+    snapshot = snapshot_of([Node("a100-1", {"gpu-type": "a100"}, allocatable={"nvidia.com/gpu": 8}, ready=False)],
+                           [], [], [])
+    pod = seed_a100_pod()
+    del pod["spec"]["nodeSelector"]
+    outcome = decide(policy(), pod, "default", inventory=snapshot)
+    assert "gpu-class-no-node" in outcome.verdict.rules and "gpu-class-skipped" not in outcome.verdict.rules
+    assert outcome.patched["spec"]["nodeSelector"] == {"workload": "inference", "gpu-type": "t4"}
 
 
 # --------------------------------------------------------------------------------------------- rule files

@@ -231,14 +231,15 @@ def _check_inventory(policy: Policy, ref: PodSpecRef, chosen: ChosenClass, edits
 def _spare_nodes(ref: PodSpecRef, chosen: ChosenClass, snapshot: Snapshot, resources: Sequence[str],
                  out: _Collector) -> ChosenClass:
     """No harm on the live nodes: hold back, axis by axis, a default's nodeSelector that would leave the Pod
-    none of the GPU nodes its own selection matches (and say so). A value the Pod chose itself is kept (a class
-    label that matches no node is `gpu-class-no-node`'s to report). The class, unchanged when nothing is held."""
+    none of the Ready GPU nodes it could use: those its own selection matches, or, for a Pod that chose no
+    nodes, every Ready node that advertises its GPU resource (and say so). A value the Pod chose itself is kept
+    (a class label that matches no node is `gpu-class-no-node`'s to report), and so is every default some of
+    those nodes satisfy. The class, unchanged when nothing is held."""
     written = inventory.placement(ref.spec, ref.spec_path)
-    if not written.node_selector and not written.node_affinity:
-        return chosen  # a Pod that chose no nodes gets the platform's defaults (gpu-class-no-node tells if none fit)
-    matched = [n for n in snapshot.nodes if any(n.offers(r) > 0 for r in resources) and inventory.selects(n, written)]
+    matched = inventory.hosting_nodes(snapshot, written, resources)
     if not matched:
-        return chosen  # the Pod as written matches no GPU node: the capacity checks say so
+        return chosen  # no Ready node advertises the GPU, or the Pod as written matches none: the capacity checks
+    plain = not written.node_selector and not written.node_affinity
     selector = dict(written.node_selector)
     picks: list[Pick] = []
     held = False
@@ -254,16 +255,49 @@ def _spare_nodes(ref: PodSpecRef, chosen: ChosenClass, snapshot: Snapshot, resou
             continue
         held = True
         picks.append(pick._replace(inject=False))
-        shown = ", ".join(n.name for n in matched[:3])
-        theirs = [v for v, c in pick.axis.values.items() if c.node_selector and any(
-            all(n.labels.get(k) == want for k, want in c.node_selector.items()) for n in matched)]
-        fix = (f"label the Pod {pick.axis.label}={' or '.join(theirs)}" if theirs else
-               f"label those nodes {', '.join(f'{k}={v}' for k, v in sorted(wanted.items()))}")
-        out.add("gpu-class-skipped",
-                f"{pick.axis.name} {pick.value} (from the {pick.how}) was not applied: its nodeSelector "
-                f"{', '.join(f'{k}={v}' for k, v in sorted(wanted.items()))} would leave the Pod no node, while as "
-                f"written it matches {len(matched)} GPU node{'s' if len(matched) != 1 else ''} ({shown}); {fix}")
+        out.add("gpu-class-skipped", _held_back(pick, wanted, matched, plain))
     return ChosenClass.of(picks, chosen.skipped) if held else chosen
+
+
+def _held_back(pick: Pick, wanted: Mapping[str, str], matched: Sequence[inventory.Node], plain: bool) -> str:
+    """Why a default's nodeSelector was not applied: the value, the GPUs the live nodes have, and the fix."""
+    axis = pick.axis
+    shown = ", ".join(n.name for n in matched[:3])
+    nodes = f"{len(matched)} GPU node{'s' if len(matched) != 1 else ''} ({shown})"
+    wanted_text = ", ".join(f"{k}={v}" for k, v in sorted(wanted.items()))
+    theirs = [v for v, c in axis.values.items() if c.node_selector and any(
+        all(n.labels.get(k) == want for k, want in c.node_selector.items()) for n in matched)]
+    head = f"{axis.name} {pick.value} (from the {pick.how}) was not applied: its nodeSelector {wanted_text} "
+    if not plain:
+        fix = (f"label the Pod {axis.label}={' or '.join(theirs)}" if theirs else
+               f"label those nodes {wanted_text}")
+        return head + f"would leave the Pod no node, while as written it matches {nodes}; {fix}"
+    gpus = inventory.describe_products(matched)
+    head += (f"matches no Ready node that advertises the Pod's GPU resource (it would stay Pending), so the Pod may "
+             f"go to any of the {nodes}, which have {gpus}")
+    if theirs:  # the fix comes last: kubectl shows a warning's end
+        return head + (f"; or label the Pod {axis.label}={' or '.join(theirs)}; "
+                       f"set {_default_field(pick)}: {theirs[0]}")
+    product = inventory.product_of(matched[0])
+    if inventory.PRODUCT_LABEL in axis.keys and product:
+        slug = inventory.product_slug(product)
+        return head + (f"; a value for them, from GPU feature discovery's label: spec.classes.axes.{axis.name}.values."
+                       f"{slug}: {{nodeSelector: {{{inventory.PRODUCT_LABEL}: {product}}}}}; add it to the rules "
+                       f"as {axis.name}'s default")
+    return head + f"; or change {_default_field(pick)} in the rules; label those nodes {wanted_text}"
+
+
+def _default_field(pick: Pick) -> str:
+    """The rule-file field that set a default `pick` (see `_default`)."""
+    axis = pick.axis.name
+    if pick.how.startswith("default of "):
+        other, value = pick.how.removeprefix("default of ").split(" ", 1)
+        return f"spec.classes.axes.{other}.values.{value}.defaults.{axis}"
+    if "(namespaceSelectors." in pick.how:
+        return f"spec.namespaceSelectors.{pick.how.split('(namespaceSelectors.')[1].rstrip(')')}.defaults.{axis}"
+    if pick.how.startswith("namespace "):
+        return f"spec.namespaces.{pick.how.split(' ')[1]}.defaults.{axis}"
+    return f"spec.classes.axes.{axis}.default"
 
 
 def _is_runtime_edit(ref: PodSpecRef, edit: Edit) -> bool:

@@ -336,6 +336,37 @@ def eligible_nodes(snapshot: Snapshot, where: Placement, resource: str) -> list[
     ]
 
 
+def hosting_nodes(snapshot: Snapshot, where: Placement, resources: Sequence[str]) -> list[Node]:
+    """Ready nodes that advertise one of `resources` and that the placement selects (taints aside: the class
+    adds its tolerations). The nodes a default's nodeSelector must leave the Pod."""
+    return [n for n in snapshot.nodes
+            if n.ready and any(n.offers(r) > 0 for r in resources) and selects(n, where)]
+
+
+def product_of(node: Node) -> str:
+    """GPU feature discovery's product label of the node ("" when it has none)."""
+    return node.labels.get(PRODUCT_LABEL, "")
+
+
+def product_slug(product: str) -> str:
+    """A class value name for a GFD product: `NVIDIA-H200-SHARED` -> `h200`, `Tesla-T4` -> `t4`."""
+    name = product.split(MIG_INFIX)[0].removesuffix(SHARED_SUFFIX)
+    for prefix in ("NVIDIA-", "Tesla-"):
+        name = name.removeprefix(prefix)
+    return name.lower().replace("_", "-") or "gpu"
+
+
+def describe_products(nodes: Sequence[Node]) -> str:
+    """The GPUs of `nodes` by GFD's product label: `NVIDIA-H200 (kit-gpu-node)`, or a note when unlabelled."""
+    by_product: dict[str, list[str]] = {}
+    for node in nodes:
+        by_product.setdefault(product_of(node), []).append(node.name)
+    parts = [f"{product or f'no {PRODUCT_LABEL} label'} ({', '.join(names[:_SHOWN])}"
+             f"{f' and {len(names) - _SHOWN} more' if len(names) > _SHOWN else ''})"
+             for product, names in sorted(by_product.items())]
+    return "; ".join(parts)
+
+
 # --------------------------------------------------------------------------------------------- decisions
 
 
