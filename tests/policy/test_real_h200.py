@@ -8,6 +8,7 @@ for one at a time, and allocatable (not capacity) is what a node offers.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from functools import cache
 from pathlib import Path
@@ -19,8 +20,8 @@ import yaml
 from webhook.admission.loader import load_policy
 from webhook.policy import inventory
 from webhook.policy.checking import decide
-from webhook.policy.inventory import Snapshot
-from webhook.policy.rules import Policy
+from webhook.policy.inventory import Node, Snapshot
+from webhook.policy.rules import Policy, parse_sources
 
 DATA = Path(__file__).parents[1] / "data" / "real-h200"
 RUNTIME_CLASS = {"apiVersion": "node.k8s.io/v1", "kind": "RuntimeClass", "metadata": {"name": "nvidia"},
@@ -121,3 +122,80 @@ def test_without_cluster_awareness_the_defaults_are_injected_as_before() -> None
     outcome = decide(packaged(), seed_pod(), "default")
     assert outcome.patched["spec"]["nodeSelector"] == stored["spec"]["nodeSelector"] == {
         "gpu-type": "t4", "workload": "inference"}, "what the real webhook injected on that run"
+
+
+# --------------------------------------------------------------------------------------------- time-sliced GPUs
+
+
+def whole_gpu_node(name: str = "h100-1", gpus: int = 8, ready: bool = True) -> Node:
+    """A node of whole GPUs beside the real one (labels as GFD writes them without sharing)."""
+    return Node(name, {"workload": "inference", inventory.PRODUCT_LABEL: "NVIDIA-H100-80GB-HBM3",
+                       inventory.REPLICAS_LABEL: "1", inventory.SHARING_LABEL: "none"},
+                (inventory.Taint("nvidia.com/gpu", "present"),), {"nvidia.com/gpu": gpus}, ready)
+
+
+def with_nodes(snap: Snapshot, *nodes: Node) -> Snapshot:
+    return dataclasses.replace(snap, nodes=(*snap.nodes, *nodes))
+
+
+SLICED = [
+    pytest.param(snapshot("node-h200-timesliced"), 2, ["gpu-time-sliced-max"], id="the-real-rejection"),
+    pytest.param(snapshot("node-h200-timesliced"), 1, [], id="one-replica-fits"),
+    pytest.param(snapshot("node-h200-timesliced"), 5, ["gpu-never-schedulable"], id="more-than-the-replicas"),
+    pytest.param(snapshot("node-h200"), 2, ["gpu-never-schedulable"], id="whole-gpu-node-too-small"),
+    pytest.param(with_nodes(snapshot("node-h200-timesliced"), whole_gpu_node()), 2, [],
+                 id="a-whole-gpu-node-can-hold-it"),
+    pytest.param(with_nodes(snapshot("node-h200-timesliced"), whole_gpu_node(ready=False)), 2,
+                 ["gpu-time-sliced-max"], id="the-whole-gpu-node-is-not-ready"),
+    pytest.param(with_nodes(snapshot("node-h200-timesliced"), whole_gpu_node(gpus=1)), 2, ["gpu-time-sliced-max"],
+                 id="the-whole-gpu-node-cannot-hold-two"),
+    pytest.param(snapshot("node-h200-shared"), 2, ["gpu-class-no-node"], id="renamed: no nvidia.com/gpu at all"),
+]
+
+
+@pytest.mark.parametrize(("snap", "gpus", "denied"), SLICED)
+def test_time_sliced_gpus_are_asked_for_one_at_a_time(snap: Snapshot, gpus: int, denied: list[str]) -> None:
+    verdict = decide(packaged(), seed_pod(gpus), "default", inventory=snap).verdict
+    found = sorted({f.rule for f in (*verdict.violations, *verdict.warnings)} & {
+        "gpu-time-sliced-max", "gpu-never-schedulable", "gpu-class-no-node"})
+    assert found == denied, verdict.message()
+
+
+def test_the_rejected_pod_is_denied_at_admission_with_why_and_how() -> None:
+    """The Pod the kubelet failed with UnexpectedAdmissionError, as applied, against the Node it was bound to."""
+    outcome = decide(packaged(), rejected_pod_as_applied(), "default", inventory=snapshot("node-h200-timesliced"))
+    [violation] = outcome.verdict.violations
+    assert violation.rule == "gpu-time-sliced-max" and outcome.patch == []
+    assert violation.message == (
+        "spec.containers[0] (cuda): asks for 2 nvidia.com/gpu, but every node the Pod can land on shares its GPUs "
+        "(kit-gpu-node: time-slicing, nvidia.com/gpu.replicas=4): each nvidia.com/gpu there is a replica of a GPU, "
+        "so 2 replicas give the container no more than 1 does, and a device plugin with failRequestsGreaterThanOne "
+        "makes the kubelet fail the Pod (UnexpectedAdmissionError: maximum request size for shared resources is 1); "
+        "ask for 1, or pick a class of whole GPUs")
+    stored = json.loads((DATA / "pod-timesliced-two-replicas-rejected.json").read_text())
+    assert "maximum request size for shared resources is 1; found 2" in stored["status"]["message"]
+    assert decide(packaged(), rejected_pod_as_applied(), "default").verdict.allowed, "nothing without the nodes"
+
+
+def test_renamed_shared_gpus_keep_the_per_container_maximum() -> None:
+    """renameByDefault: true (nvidia.com/gpu.shared): gpu-per-container-max refuses 2, as it did on the real node;
+    the time-slicing rule does not say it twice."""
+    verdict = decide(packaged(), seed_pod(2, "nvidia.com/gpu.shared"), "default",
+                     inventory=snapshot("node-h200-shared")).verdict
+    assert [f.rule for f in verdict.violations] == ["gpu-per-container-max"]
+
+
+@pytest.mark.parametrize(("level", "allowed", "warned"), [("warn", True, True), ("off", True, False)])
+def test_time_sliced_enforcement_levels(level: str, allowed: bool, warned: bool) -> None:
+    relaxed = parse_sources([*packaged_sources(),
+                             ("zz-relaxed.yaml", "apiVersion: gpu-webhook.io/v1alpha1\nkind: GPUPolicy\n"
+                                                 f"metadata: {{name: relaxed}}\nspec:\n  enforcement: "
+                                                 f"{{gpu-time-sliced-max: '{level}'}}\n")])
+    verdict = decide(relaxed, seed_pod(2), "default", inventory=snapshot("node-h200-timesliced")).verdict
+    assert verdict.allowed is allowed
+    assert ("gpu-time-sliced-max" in [f.rule for f in verdict.warnings]) is warned
+
+
+def packaged_sources() -> list[tuple[str, str]]:
+    rules = Path(__file__).parents[2] / "rules"
+    return [(p.name, p.read_text()) for p in sorted(rules.glob("*.yaml"))]

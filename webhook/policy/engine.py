@@ -13,7 +13,9 @@ nothing but its arguments. The checks, in the order a person would fix them:
    out, with a warning when the Pod names a GPU no value covers. The class must exist, the namespace may
    use it, the effective GPU count fits it, and what the developer wrote agrees with it;
 4. GPU access the scheduler does not see (GPU env, runtime class or taint toleration without a request);
-5. then, for GPU Pods on CREATE: the class's nodeSelector, tolerations and other fields as edits (the
+5. with cluster awareness (`Context.inventory`): defaults no live GPU node satisfies are held back, then
+   the class is checked against the nodes (`webhook.policy.inventory`: capacity, runtime class, time-sliced GPUs);
+6. then, for GPU Pods on CREATE: the class's nodeSelector, tolerations and other fields as edits (the
    mutating endpoint), or, at the validating endpoint, a violation when they are missing.
 """
 
@@ -222,10 +224,25 @@ def _check_inventory(policy: Policy, ref: PodSpecRef, chosen: ChosenClass, edits
     if spared is not chosen:
         chosen, edits = spared, _class_edits(policy, ref, spared)
     judged = edits if mode == "mutate" else [e for e in edits if not _is_runtime_edit(ref, e)]
-    result = inventory.assess(snapshot, inventory.placement(ref.spec, ref.spec_path, judged), requests, chosen.name)
+    where = inventory.placement(ref.spec, ref.spec_path, judged)
+    result = inventory.assess(snapshot, where, requests, chosen.name)
     for rule, message in result.findings:
         out.add(rule, message)
+    runtime = snapshot.runtime_classes.get(where.runtime_class or "") if result.keep_runtime_class else None
+    _check_shared_gpus(policy, snapshot, inventory.with_runtime_class(where, runtime), requests, per_resource, out)
     return chosen, edits, result.keep_runtime_class
+
+
+def _check_shared_gpus(policy: Policy, snapshot: Snapshot, where: inventory.Placement, requests: Mapping[str, int],
+                       per_resource: Mapping[str, list[tuple[ContainerRef, int]]], out: _Collector) -> None:
+    """gpu-time-sliced-max for each container; one already over its resource's `maxPerContainer` is
+    `gpu-per-container-max`'s (nvidia.com/gpu.shared in the packaged rules)."""
+    for name, count in requests.items():
+        resource = policy.gpu_resource(name)
+        cap = resource.max_per_container if resource is not None else None
+        containers = [(cref.where(), n) for cref, n in per_resource[name] if cap is None or n <= cap]
+        for rule, message in inventory.time_sliced_findings(snapshot, where, name, count, containers):
+            out.add(rule, message)
 
 
 def _spare_nodes(ref: PodSpecRef, chosen: ChosenClass, snapshot: Snapshot, resources: Sequence[str],

@@ -31,6 +31,9 @@ WHOLE_GPU = "nvidia.com/gpu"
 SHARED_GPU = "nvidia.com/gpu.shared"
 MIG_PREFIX = "nvidia.com/mig-"
 SHARED_SUFFIX = "-SHARED"
+SHARING_LABEL = "nvidia.com/gpu.sharing-strategy"  # GFD: none | time-slicing | mps
+REPLICAS_LABEL = "nvidia.com/gpu.replicas"  # GFD: how many Pods share each GPU (1: whole GPUs)
+SHARING_STRATEGIES = frozenset({"time-slicing", "mps"})
 MIG_INFIX = "-MIG-"
 HARD_EFFECTS = frozenset({"NoSchedule", "NoExecute"})
 # Taints the node lifecycle controller adds for a while (NotReady, cordoned, pressure): not a property of
@@ -500,6 +503,41 @@ def _product_suffix_reason(offering: Sequence[Node], selector: Mapping[str, str]
             return (f"{node.name} has {PRODUCT_LABEL}={have}: MIG single mode appends the profile to the product "
                     f"label; select {have} in the class")
     return None
+
+
+def sharing(node: Node) -> str | None:
+    """How GPU feature discovery says the node shares each GPU (`time-slicing, nvidia.com/gpu.replicas=4`), or None
+    for whole GPUs. The labels describe `nvidia.com/gpu` and, renamed, `nvidia.com/gpu.shared` alike."""
+    strategy = node.labels.get(SHARING_LABEL, "")
+    raw = node.labels.get(REPLICAS_LABEL, "")
+    replicas = int(raw) if raw.isdigit() else 1
+    if strategy not in SHARING_STRATEGIES and replicas <= 1:
+        return None
+    return ", ".join(part for part in (strategy if strategy in SHARING_STRATEGIES else "",
+                                       f"{REPLICAS_LABEL}={raw}" if replicas > 1 else "") if part)
+
+
+def time_sliced_findings(snapshot: Snapshot, where: Placement, resource: str, count: int,
+                         containers: Sequence[tuple[str, int]]) -> list[Finding]:
+    """gpu-time-sliced-max: a container asks for more than 1 of a GPU resource while every node the Pod can land
+    on shares its GPUs (time-slicing or MPS). Those nodes are the eligible ones (Ready, selected, tolerated,
+    advertising the resource) that can hold the Pod's `count`: the scheduler binds it to no other, and when one
+    of them has whole GPUs the Pod can run there. `containers`: (where, count) of each container."""
+    over = [(at, n) for at, n in containers if n > 1]
+    if resource not in (WHOLE_GPU, SHARED_GPU) or not over:
+        return []
+    landing = [n for n in eligible_nodes(snapshot, where, resource) if n.offers(resource) >= count]
+    shared = [(n, how) for n in landing if (how := sharing(n)) is not None]
+    if not landing or len(shared) != len(landing):
+        return []
+    nodes = " | ".join(f"{n.name}: {how}" for n, how in shared[:_SHOWN])
+    return [("gpu-time-sliced-max",
+             f"{at}: asks for {n} {resource}, but every node the Pod can land on shares its GPUs ({nodes}): each "
+             f"{resource} there is a replica of a GPU, so {n} replicas give the container no more than 1 does, and "
+             f"a device plugin with failRequestsGreaterThanOne makes the kubelet fail the Pod "
+             f"(UnexpectedAdmissionError: maximum request size for shared resources is 1); ask for 1, or pick a "
+             f"class of whole GPUs")
+            for at, n in over]
 
 
 # --------------------------------------------------------------------------------------------- DRA

@@ -57,6 +57,8 @@ RULES: dict[str, tuple[Enforcement, str]] = {
     "gpu-toleration-without-request": ("warn", "the GPU taint is tolerated without a GPU request"),
     "gpu-node-name-preset": ("warn", "a GPU Pod with spec.nodeName set bypasses the scheduler"),
     "gpu-never-schedulable": ("deny", "no Ready node of the Pod's class could ever hold its GPU request"),
+    "gpu-time-sliced-max": ("deny", "more than 1 of a GPU resource in a container where every node the Pod can "
+                                    "land on shares its GPUs by time-slicing or MPS"),
     "gpu-class-no-node": ("warn", "the class's nodeSelector matches no node advertising the requested GPU"),
     "gpu-runtime-class-missing": ("warn", "the default runtime class is missing or contradicts the class"),
     "gpu-inventory-unavailable": ("warn", "cluster inventory not synced: inventory checks skipped"),
