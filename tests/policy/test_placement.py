@@ -213,7 +213,7 @@ def test_a_plain_pod_keeps_the_defaults_the_live_nodes_satisfy() -> None:
     assert outcome.verdict.allowed and "gpu-class-no-node" not in outcome.verdict.rules
     assert outcome.patched["spec"]["nodeSelector"] == {"workload": "inference"}
     [warning] = [f.render() for f in outcome.verdict.warnings if f.rule == "gpu-class-skipped"]
-    assert "gpu-type t4 (from the cluster default) was not applied" in warning
+    assert "gpu-type t4 not applied (from the cluster default)" in warning
     assert warning.endswith("set spec.classes.axes.gpu-type.default: a100"), warning
     assert admitted(nodes, outcome.patched["spec"])
     final = decide(policy(), outcome.patched, "default", mode="validate", inventory=snapshot)

@@ -105,8 +105,8 @@ def test_the_seed_pod_on_a_cluster_of_h200s_is_not_given_t4() -> None:
     assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in spec["tolerations"]
     assert spec["runtimeClassName"] == "nvidia"
     [warning] = [f.message for f in verdict.warnings if f.rule == "gpu-class-skipped"]
-    assert warning.startswith("gpu-type t4 (from the cluster default) was not applied: its nodeSelector gpu-type=t4 "
-                              "matches no Ready node that advertises the Pod's GPU resource")
+    assert warning.startswith("gpu-type t4 not applied (from the cluster default): no Ready node that advertises "
+                              "the Pod's GPU resource has gpu-type=t4, so the Pod would stay Pending")
     assert "which have NVIDIA-H200 (kit-gpu-node)" in warning
     assert ("spec.classes.axes.gpu-type.values.h200: {nodeSelector: {nvidia.com/gpu.product: NVIDIA-H200}}"
             in warning)

@@ -284,23 +284,25 @@ def _held_back(pick: Pick, wanted: Mapping[str, str], matched: Sequence[inventor
     wanted_text = ", ".join(f"{k}={v}" for k, v in sorted(wanted.items()))
     theirs = [v for v, c in axis.values.items() if c.node_selector and any(
         all(n.labels.get(k) == want for k, want in c.node_selector.items()) for n in matched)]
-    head = f"{axis.name} {pick.value} (from the {pick.how}) was not applied: its nodeSelector {wanted_text} "
     if not plain:
         fix = (f"label the Pod {axis.label}={' or '.join(theirs)}" if theirs else
                f"label those nodes {wanted_text}")
-        return head + f"would leave the Pod no node, while as written it matches {nodes}; {fix}"
+        return (f"{axis.name} {pick.value} (from the {pick.how}) was not applied: its nodeSelector {wanted_text} "
+                f"would leave the Pod no node, while as written it matches {nodes}; {fix}")
     gpus = inventory.describe_products(matched)
-    head += (f"matches no Ready node that advertises the Pod's GPU resource (it would stay Pending), so the Pod may "
-             f"go to any of the {nodes}, which have {gpus}")
-    if theirs:  # the fix comes last: kubectl shows a warning's end
+    # kubectl shows a warning's first and last words: what was held back first, the fix last.
+    head = (f"{axis.name} {pick.value} not applied (from the {pick.how}): no Ready node that advertises the Pod's "
+            f"GPU resource has {wanted_text}, so the Pod would stay Pending; it may go to any of the {nodes}, which "
+            f"have {gpus}")
+    if theirs:
         return head + (f"; or label the Pod {axis.label}={' or '.join(theirs)}; "
                        f"set {_default_field(pick)}: {theirs[0]}")
     product = inventory.product_of(matched[0])
     if inventory.PRODUCT_LABEL in axis.keys and product:
         slug = inventory.product_slug(product)
-        return head + (f"; a value for them, from GPU feature discovery's label: spec.classes.axes.{axis.name}.values."
-                       f"{slug}: {{nodeSelector: {{{inventory.PRODUCT_LABEL}: {product}}}}}; add it to the rules "
-                       f"as {axis.name}'s default")
+        return head + (f"; GPU feature discovery's label selects them: spec.classes.axes.{axis.name}.values.{slug}: "
+                       f"{{nodeSelector: {{{inventory.PRODUCT_LABEL}: {product}}}}}; add {axis.name} value {slug} to "
+                       f"the rules, as the default")
     return head + f"; or change {_default_field(pick)} in the rules; label those nodes {wanted_text}"
 
 
