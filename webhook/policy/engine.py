@@ -31,7 +31,15 @@ from webhook.policy import inventory, pods, quantity, selection
 from webhook.policy.findings import Edit, Finding, Mode, Operation, Verdict
 from webhook.policy.inventory import Snapshot
 from webhook.policy.pods import ContainerRef, PodSpecRef, render_path
-from webhook.policy.rules import ANNOTATION_PREFIX, Axis, Contribution, GPUResource, NamespacePolicy, Policy
+from webhook.policy.rules import (
+    ANNOTATION_PREFIX,
+    Axis,
+    Contribution,
+    Expression,
+    GPUResource,
+    NamespacePolicy,
+    Policy,
+)
 from webhook.policy.selection import NO_SELECTION, Term
 
 MIRROR_ANNOTATION = "kubernetes.io/config.mirror"
@@ -258,16 +266,21 @@ def _spare_nodes(ref: PodSpecRef, chosen: ChosenClass, snapshot: Snapshot, resou
         return chosen  # no Ready node advertises the GPU, or the Pod as written matches none: the capacity checks
     plain = not written.node_selector and not written.node_affinity
     selector = dict(written.node_selector)
+    expressions: list[Expression] = []
     picks: list[Pick] = []
     held = False
     for pick in chosen.picks:
-        wanted = {k: v for k, v in pick.axis.values[pick.value].node_selector.items() if k not in selector}
-        if not pick.defaulted or not pick.inject or not wanted:  # the Pod's own choice is kept: its label
-            picks.append(pick)
+        value = pick.axis.values[pick.value]
+        wanted = {k: v for k, v in value.node_selector.items() if k not in selector}
+        if not pick.defaulted or not pick.inject or not (wanted or value.match_expressions):
+            picks.append(pick)  # the Pod's own choice is kept: its label
             continue
-        trial = dataclasses.replace(written, node_selector={**selector, **wanted})
+        affinity = (inventory.with_expressions(written.node_affinity, [*expressions, *value.match_expressions])
+                    if value.match_expressions or expressions else written.node_affinity)
+        trial = dataclasses.replace(written, node_selector={**selector, **wanted}, node_affinity=affinity)
         if any(inventory.selects(n, trial) for n in matched):
             selector.update(wanted)
+            expressions.extend(value.match_expressions)
             picks.append(pick)
             continue
         held = True
@@ -281,9 +294,10 @@ def _held_back(pick: Pick, wanted: Mapping[str, str], matched: Sequence[inventor
     axis = pick.axis
     shown = ", ".join(n.name for n in matched[:3])
     nodes = f"{len(matched)} GPU node{'s' if len(matched) != 1 else ''} ({shown})"
-    wanted_text = ", ".join(f"{k}={v}" for k, v in sorted(wanted.items()))
-    theirs = [v for v, c in axis.values.items() if c.node_selector and any(
-        all(n.labels.get(k) == want for k, want in c.node_selector.items()) for n in matched)]
+    placing = [*(f"{k}={v}" for k, v in sorted(wanted.items())), *map(str, axis.values[pick.value].match_expressions)]
+    wanted_text = ", ".join(placing)
+    theirs = [v for v, c in axis.values.items() if (c.node_selector or c.match_expressions) and any(
+        inventory.value_selects(n, c.node_selector, c.match_expressions) for n in matched)]
     if not plain:
         fix = (f"label the Pod {axis.label}={' or '.join(theirs)}" if theirs else
                f"label those nodes {wanted_text}")
@@ -649,6 +663,7 @@ class ClassPlan:
     tolerations: tuple[Mapping[str, Any], ...]
     fields: tuple[tuple[str, str], ...]
     node_affinity: Mapping[str, Any] | None
+    match_expressions: tuple[Expression, ...]  # added to every required nodeSelectorTerm of the Pod
     labels: Mapping[str, str]
     annotations: Mapping[str, str]
     cap: tuple[int, str] | None  # the class maximum and the axis value that sets it
@@ -680,9 +695,10 @@ def _plan(policy: Policy, chosen: ChosenClass) -> ClassPlan:
         for name, value in c.annotations.items():
             annotations.setdefault(name, value)
     affinity = next((c.node_affinity for c in placing if c.node_affinity), None)
+    expressions = tuple(dict.fromkeys(e for c in placing for e in c.match_expressions))
     caps = [(c.max_gpus_per_pod, source) for source, c, _ in chosen.contributions() if c.max_gpus_per_pod]
     required = [(k, v, source) for source, c, _ in chosen.contributions() for k, v in _class_fields(c)]
-    plan = ClassPlan(selector, tuple(tolerations), tuple(fields.items()), affinity, labels, annotations,
+    plan = ClassPlan(selector, tuple(tolerations), tuple(fields.items()), affinity, expressions, labels, annotations,
                      min(caps) if caps else None, tuple(required))
     if len(policy.plans) < 1024:
         policy.plans[key] = plan
@@ -712,7 +728,9 @@ def _class_edits(policy: Policy, ref: PodSpecRef, chosen: ChosenClass) -> list[E
                 # The Priority plugin refuses a Pod whose integer priority was computed before the class name
                 # was set; dropping it lets the plugin recompute both on reinvocation.
                 edits.extend(Edit("remove", path, f) for f in ("priority", "preemptionPolicy") if f in spec)
-    if plan.node_affinity and "nodeAffinity" not in pods.mapping(spec.get("affinity")):
+    if plan.match_expressions:
+        edits.extend(_affinity_edits(spec, path, plan))
+    elif plan.node_affinity and "nodeAffinity" not in pods.mapping(spec.get("affinity")):
         edits.append(Edit("set", (*path, "affinity"), "nodeAffinity", dict(plan.node_affinity)))
     for part, wanted_map in (("labels", plan.labels), ("annotations", plan.annotations)):
         if wanted_map:
@@ -725,6 +743,35 @@ def _class_edits(policy: Policy, ref: PodSpecRef, chosen: ChosenClass) -> list[E
             edits.append(Edit("set", annotations_path, CLASS_ANNOTATION, chosen.name))
         if RULES_ANNOTATION not in annotations:
             edits.append(Edit("set", annotations_path, RULES_ANNOTATION, policy.digest))
+    return edits
+
+
+def _affinity_edits(spec: Mapping[str, Any], path: pods.Path, plan: ClassPlan) -> list[Edit]:
+    """The class's matchExpressions in every required nodeSelectorTerm of the Pod, as edits that keep what the Pod
+    wrote: a Pod without node affinity gets the class's (its `affinity` too, if any) with the expressions in each
+    term; one without required terms gets a term of them; each of its terms gets the expressions it lacks.
+    Idempotent: an expression a term already has is not added again."""
+    node_affinity = pods.mapping(spec.get("affinity")).get("nodeAffinity")
+    affinity_path = (*path, "affinity")
+    if not isinstance(node_affinity, dict):
+        return [Edit("set", affinity_path, "nodeAffinity",
+                     inventory.with_expressions(plan.node_affinity, plan.match_expressions))]
+    required = node_affinity.get(inventory.REQUIRED)
+    terms = required.get("nodeSelectorTerms") if isinstance(required, dict) else None
+    required_path = (*affinity_path, "nodeAffinity", inventory.REQUIRED)
+    if not isinstance(terms, list) or not terms:
+        merged = inventory.with_expressions(None, plan.match_expressions)[inventory.REQUIRED]
+        if isinstance(required, dict):
+            return [Edit("set", required_path, "nodeSelectorTerms", merged["nodeSelectorTerms"])]
+        return [Edit("set", required_path[:-1], inventory.REQUIRED, merged)]
+    edits: list[Edit] = []
+    wanted = [e.to_api() for e in plan.match_expressions]
+    for index, term in enumerate(terms):
+        if not isinstance(term, dict) or not (term.get("matchExpressions") or term.get("matchFields")):
+            continue  # an empty term matches no node: it stays so
+        have: list[Any] = term.get("matchExpressions") or []
+        edits.extend(Edit("append", (*required_path, "nodeSelectorTerms", index, "matchExpressions"), None, e)
+                     for e in wanted if not any(inventory.same_expression(h, e) for h in have))
     return edits
 
 
@@ -757,7 +804,12 @@ def _require_class(ref: PodSpecRef, chosen: ChosenClass, edits: Sequence[Edit], 
     """At /validate: what the mutating webhook would have added must already be there."""
     selectors = [f"{e.key}={e.value}" for e in edits if e.path[-1:] == ("nodeSelector",)]
     missing = [f"nodeSelector {', '.join(selectors)}"] if selectors else []
+    if any(e.path[len(ref.spec_path):][:1] == ("affinity",) for e in edits):
+        wanted = dict.fromkeys(e for _, c, inject in chosen.contributions() if inject for e in c.match_expressions)
+        missing.append("in every required node affinity term: " + (", ".join(map(str, wanted)) or "the class's"))
     for edit in edits:
+        if edit.path[len(ref.spec_path):][:1] == ("affinity",):
+            continue
         if edit.kind == "append":
             tol = edit.value
             missing.append(f"toleration {tol.get('key', '*')}{'=' + tol['value'] if tol.get('value') else ''}"

@@ -16,6 +16,7 @@ findings as (rule id, message). `webhook.cluster.kube` fills snapshots from the 
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -23,7 +24,7 @@ from typing import Any
 from webhook.policy import quantity
 from webhook.policy.findings import Edit
 from webhook.policy.pods import Path, mapping
-from webhook.policy.rules import Policy
+from webhook.policy.rules import Expression, Policy
 
 PRODUCT_LABEL = "nvidia.com/gpu.product"
 GPU_PRESENT_LABEL = "nvidia.com/gpu.present"
@@ -40,6 +41,7 @@ HARD_EFFECTS = frozenset({"NoSchedule", "NoExecute"})
 # the node's size, so they never make a Pod "never schedulable".
 TRANSIENT_TAINT_PREFIX = "node.kubernetes.io/"
 _SHOWN = 3  # nodes named in one message
+REQUIRED = "requiredDuringSchedulingIgnoredDuringExecution"
 
 Finding = tuple[str, str]  # (rule id, message)
 
@@ -228,19 +230,73 @@ def placement(spec: Mapping[str, Any], spec_path: Path, edits: Sequence[Edit] = 
     """The pod spec's nodeSelector, tolerations, node affinity and runtime class after `edits`."""
     selector = _strings(spec.get("nodeSelector"))
     tolerations = [dict(t) for t in _list(spec.get("tolerations")) if isinstance(t, dict)]
-    affinity = mapping(mapping(spec.get("affinity")).get("nodeAffinity")) or None
+    written = mapping(spec.get("affinity"))
     runtime = spec.get("runtimeClassName") if isinstance(spec.get("runtimeClassName"), str) else None
     injected = False
+    affinity_path = (*spec_path, "affinity")
+    edited: dict[str, Any] | None = None  # a copy of the Pod's affinity, made only when an edit changes it
     for edit in edits:
         if edit.path == (*spec_path, "nodeSelector") and edit.kind == "set" and edit.key:
             selector.setdefault(edit.key, str(edit.value))
         elif edit.path == (*spec_path, "tolerations") and edit.kind == "append" and isinstance(edit.value, dict):
             tolerations.append(dict(edit.value))
-        elif edit.path == (*spec_path, "affinity") and edit.key == "nodeAffinity" and affinity is None:
-            affinity = mapping(edit.value) or None
+        elif edit.path[:len(affinity_path)] == affinity_path:
+            edited = copy.deepcopy(dict(written)) if edited is None else edited
+            _apply(edited, edit.path[len(affinity_path):], edit)
         elif edit.path == spec_path and edit.key == "runtimeClassName" and edit.kind == "set":
             runtime, injected = str(edit.value), True
+    affinity = mapping((written if edited is None else edited).get("nodeAffinity")) or None
     return Placement(selector, tuple(tolerations), affinity, runtime or None, injected)
+
+
+def _apply(root: dict[str, Any], path: Sequence[str | int], edit: Edit) -> None:
+    """One edit below the Pod's `affinity`, as the JSON Patch will apply it (missing maps and lists created)."""
+    node: Any = root
+    for depth, step in enumerate(path):
+        last = depth == len(path) - 1
+        if isinstance(node, list) and isinstance(step, int) and step < len(node):
+            node = node[step]
+        elif isinstance(node, dict):
+            node = node.setdefault(str(step), [] if last and edit.kind == "append" else {})
+        else:
+            return
+    if edit.kind == "append" and isinstance(node, list):
+        node.append(copy.deepcopy(edit.value))
+    elif edit.kind == "set" and isinstance(node, dict) and edit.key is not None:
+        node[edit.key] = copy.deepcopy(edit.value)
+
+
+def with_expressions(node_affinity: Mapping[str, Any] | None, expressions: Sequence[Expression]) -> dict[str, Any]:
+    """A nodeAffinity whose required terms all hold `expressions` too (one term of them when it has none).
+
+    Kubernetes ANDs a Pod's nodeSelector with its required node affinity and ORs the nodeSelectorTerms, so an
+    expression that must hold whatever else the Pod selects goes into every term. An empty term matches no
+    node and stays empty."""
+    merged = copy.deepcopy(dict(node_affinity or {}))
+    required = merged.setdefault(REQUIRED, {})
+    terms = required.get("nodeSelectorTerms") if isinstance(required, dict) else None
+    wanted = [e.to_api() for e in expressions]
+    if not isinstance(terms, list) or not terms:
+        merged[REQUIRED] = {**(required if isinstance(required, dict) else {}),
+                            "nodeSelectorTerms": [{"matchExpressions": wanted}]}
+        return merged
+    for term in terms:
+        if isinstance(term, dict) and (term.get("matchExpressions") or term.get("matchFields")):
+            have = term.setdefault("matchExpressions", [])
+            have.extend(e for e in wanted if not any(same_expression(h, e) for h in have))
+    return merged
+
+
+def same_expression(have: Any, want: Mapping[str, Any]) -> bool:
+    """Whether a Pod's expression already says `want` (values in any order)."""
+    return (isinstance(have, dict) and have.get("key") == want["key"] and have.get("operator") == want["operator"]
+            and sorted(map(str, _list(have.get("values")))) == sorted(want.get("values") or []))
+
+
+def value_selects(node: Node, selector: Mapping[str, str], expressions: Sequence[Expression]) -> bool:
+    """Whether a class value's nodeSelector and matchExpressions both hold on the node."""
+    return (all(node.labels.get(k) == v for k, v in selector.items())
+            and all(label_matches(node.labels.get(e.key), e.operator, e.values) for e in expressions))
 
 
 def with_runtime_class(where: Placement, runtime_class: RuntimeClass | None) -> Placement:
@@ -286,7 +342,7 @@ def selector_mismatches(node: Node, selector: Mapping[str, str]) -> list[str]:
 
 def affinity_matches(node: Node, affinity: Mapping[str, Any] | None) -> bool:
     """requiredDuringSchedulingIgnoredDuringExecution: any term, all of its expressions."""
-    required = mapping(mapping(affinity).get("requiredDuringSchedulingIgnoredDuringExecution"))
+    required = mapping(mapping(affinity).get(REQUIRED))
     terms = [mapping(t) for t in _list(required.get("nodeSelectorTerms"))]
     if not terms:
         return True
