@@ -223,7 +223,12 @@ class Placement:
     runtime_class_injected: bool
 
     def describe_selector(self) -> str:
-        return ", ".join(f"{k}={v}" for k, v in sorted(self.node_selector.items())) or "(none)"
+        """`gpu-type=t4, workload=inference`, and the label keys its required node affinity constrains."""
+        text = ", ".join(f"{k}={v}" for k, v in sorted(self.node_selector.items())) or "(none)"
+        terms = _list(mapping(mapping(self.node_affinity).get(REQUIRED)).get("nodeSelectorTerms"))
+        keys = dict.fromkeys(str(mapping(e).get("key"))
+                             for t in terms for e in _list(mapping(t).get("matchExpressions")))
+        return text + (f"; required node affinity on {', '.join(keys)}" if keys else "")
 
 
 def placement(spec: Mapping[str, Any], spec_path: Path, edits: Sequence[Edit] = ()) -> Placement:
