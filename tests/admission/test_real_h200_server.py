@@ -15,9 +15,9 @@ import jsonpatch
 import pytest
 from flask import Flask
 from prometheus_client import CollectorRegistry
-from support.admission import body
 from support.cluster_api import CLAIMS, NAMESPACES, NODES, RUNTIME_CLASSES, FakeClock, wait_synced
 from support.kube_replay import Json, ReplayServer, Stream, load
+from test_app_inventory import answer
 
 from webhook.admission.app import create_app
 from webhook.admission.settings import Settings
@@ -58,13 +58,6 @@ def seed_review(gpus: str = "1") -> dict[str, Any]:
     container = document["request"]["object"]["spec"]["containers"][0]
     container["resources"] = {"limits": {"nvidia.com/gpu": gpus}, "requests": {"nvidia.com/gpu": gpus}}
     return document
-
-
-def answer(app: Flask, path: str, document: dict[str, Any]) -> dict[str, Any]:
-    response = app.test_client().post(path, data=body(document), content_type="application/json")
-    assert response.status_code == 200, response.data
-    result: dict[str, Any] = response.get_json()["response"]
-    return result
 
 
 def test_the_seed_pod_keeps_what_the_live_node_has_and_validate_agrees(app: tuple[str, Flask]) -> None:
