@@ -49,6 +49,14 @@ def gfd_node(labels_file: str) -> Node:
                 allocatable={"nvidia.com/gpu": 1})
 
 
+def test_the_example_rules_pass_lint(capsys: pytest.CaptureFixture[str]) -> None:
+    from webhook.cli import main as cli
+
+    assert cli.main(["lint", str(GFD_RULES)]) == 0
+    assert "gpu-type (gpu-webhook.io/gpu-type): t4, a10, l4, l40s, a100-40gb, a100-80gb, h100, h200, b200" in \
+        capsys.readouterr().out
+
+
 @pytest.mark.parametrize("labels_file", ["gfd-labels.txt", "gfd-labels-timesliced.txt", "gfd-labels-shared.txt"])
 def test_the_real_h200_labels_select_h200_and_141gb(labels_file: str) -> None:
     node = gfd_node(labels_file)

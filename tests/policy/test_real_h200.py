@@ -161,6 +161,26 @@ def test_time_sliced_gpus_are_asked_for_one_at_a_time(snap: Snapshot, gpus: int,
     assert found == denied, verdict.message()
 
 
+def device_ids(name: str) -> list[str]:
+    answer = json.loads((DATA / name).read_text())
+    return [i for pod in answer["pod_resources"] for c in pod["containers"] for d in c.get("devices") or []
+            if d["resource_name"] == "nvidia.com/gpu" for i in d["device_ids"]]
+
+
+def test_what_the_time_slicing_rule_says_of_a_node_is_what_its_kubelet_handed_out() -> None:
+    """gpu-time-sliced-max reads GFD's labels as "each nvidia.com/gpu is a replica of a GPU". The kubelet's
+    pod-resources answers on that node agree: 4 Pods, 4 device ids `GPU-<uuid>::n`, one physical GPU; on the
+    plain node the one device id is the GPU's UUID itself."""
+    node = inventory.node_from_api(node_json("node-h200-timesliced"))
+    assert inventory.sharing(node) == "time-slicing, nvidia.com/gpu.replicas=4"
+    replicas = device_ids("podresources-timesliced.json")
+    assert len(replicas) == node.offers("nvidia.com/gpu") == 4
+    assert {i.split("::")[0] for i in replicas} == {i for i in device_ids("podresources-whole.json")}
+    assert sorted(i.split("::")[1] for i in replicas) == ["0", "1", "2", "3"]
+    assert node.labels["nvidia.com/gpu.count"] == "1"
+    assert inventory.sharing(inventory.node_from_api(node_json("node-h200"))) is None
+
+
 def test_the_rejected_pod_is_denied_at_admission_with_why_and_how() -> None:
     """The Pod the kubelet failed with UnexpectedAdmissionError, as applied, against the Node it was bound to."""
     outcome = decide(packaged(), rejected_pod_as_applied(), "default", inventory=snapshot("node-h200-timesliced"))
