@@ -21,7 +21,6 @@ nothing but its arguments. The checks, in the order a person would fix them:
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -261,8 +260,7 @@ def _spare_nodes(ref: PodSpecRef, chosen: ChosenClass, snapshot: Snapshot, resou
     (a class label that matches no node is `gpu-class-no-node`'s to report), and so is every default some of
     those nodes satisfy. The class, unchanged when nothing is held."""
     written = inventory.placement(ref.spec, ref.spec_path)
-    matched = inventory.hosting_nodes(snapshot, written, resources)
-    if not matched:
+    if next(inventory.hosting_nodes(snapshot, written, resources), None) is None:
         return chosen  # no Ready node advertises the GPU, or the Pod as written matches none: the capacity checks
     plain = not written.node_selector and not written.node_affinity
     selector = dict(written.node_selector)
@@ -277,14 +275,16 @@ def _spare_nodes(ref: PodSpecRef, chosen: ChosenClass, snapshot: Snapshot, resou
             continue
         affinity = (inventory.with_expressions(written.node_affinity, [*expressions, *value.match_expressions])
                     if value.match_expressions or expressions else written.node_affinity)
-        trial = dataclasses.replace(written, node_selector={**selector, **wanted}, node_affinity=affinity)
-        if any(inventory.selects(n, trial) for n in matched):
+        trial = inventory.Placement({**selector, **wanted}, written.tolerations, affinity, written.runtime_class,
+                                    written.runtime_class_injected)
+        if next(inventory.hosting_nodes(snapshot, trial, resources), None) is not None:
             selector.update(wanted)
             expressions.extend(value.match_expressions)
             picks.append(pick)
             continue
         held = True
         picks.append(pick._replace(inject=False))
+        matched = list(inventory.hosting_nodes(snapshot, written, resources))  # for the message only
         out.add("gpu-class-skipped", _held_back(pick, wanted, matched, plain))
     return ChosenClass.of(picks, chosen.skipped) if held else chosen
 

@@ -17,7 +17,7 @@ findings as (rule id, message). `webhook.cluster.kube` fills snapshots from the 
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -400,11 +400,10 @@ def eligible_nodes(snapshot: Snapshot, where: Placement, resource: str) -> list[
     ]
 
 
-def hosting_nodes(snapshot: Snapshot, where: Placement, resources: Sequence[str]) -> list[Node]:
+def hosting_nodes(snapshot: Snapshot, where: Placement, resources: Sequence[str]) -> Iterator[Node]:
     """Ready nodes that advertise one of `resources` and that the placement selects (taints aside: the class
-    adds its tolerations). The nodes a default's nodeSelector must leave the Pod."""
-    return [n for n in snapshot.nodes
-            if n.ready and any(n.offers(r) > 0 for r in resources) and selects(n, where)]
+    adds its tolerations), lazily: "is there one?" stops at the first. The nodes a default must leave the Pod."""
+    return (n for n in snapshot.nodes if n.ready and any(n.offers(r) > 0 for r in resources) and selects(n, where))
 
 
 def product_of(node: Node) -> str:
