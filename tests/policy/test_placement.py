@@ -224,6 +224,35 @@ def test_a_plain_pod_keeps_the_defaults_the_live_nodes_satisfy() -> None:
         "without cluster awareness nothing changes"
 
 
+LIVE_NODE = st.builds(
+    lambda name, workload, gpu_type, ready, gpus: Node(
+        name, {k: v for k, v in (("workload", workload), ("gpu-type", gpu_type)) if v},
+        (inventory.Taint("nvidia.com/gpu", "present"),), {"nvidia.com/gpu": gpus}, ready),
+    st.sampled_from(["n0", "n1", "n2", "n3"]), st.sampled_from(["inference", "training", "", "batch"]),
+    st.sampled_from(["t4", "a100", "", "h200"]), st.booleans(), st.integers(0, 2))
+
+
+@SETTINGS
+@given(st.lists(LIVE_NODE, min_size=1, max_size=4, unique_by=lambda n: n.name), st.integers(1, 2))
+def test_a_plain_pod_is_never_left_without_the_live_gpu_nodes(nodes: list[Node], gpus: int) -> None:
+    """With live nodes, a plain GPU Pod admitted by /mutate matches a Ready node that advertises its GPU whenever
+    one exists, and /validate on the same snapshot agrees with the class /mutate chose."""
+    snapshot = snapshot_of(nodes, [inventory.RuntimeClass("nvidia", "nvidia")], [], [])
+    pod = seed_a100_pod()
+    del pod["spec"]["nodeSelector"]
+    pod["spec"]["containers"][0]["resources"] = {"limits": {"nvidia.com/gpu": gpus}}
+    outcome = decide(policy(), pod, "default", inventory=snapshot)
+    if not outcome.verdict.allowed:
+        assert outcome.verdict.rules[0] == "gpu-never-schedulable", outcome.verdict.message()
+        return
+    hosts = [n for n in nodes if n.ready and n.offers("nvidia.com/gpu") > 0]
+    if hosts:
+        assert admitted(hosts, outcome.patched["spec"]), (outcome.patch, outcome.verdict.choices)
+    final = decide(policy(), outcome.patched, "default", mode="validate", inventory=snapshot).verdict
+    assert final.allowed, final.message()
+    assert final.gpu_class == outcome.verdict.gpu_class
+
+
 def test_a_plain_pod_gets_the_platform_default_when_no_gpu_node_is_ready() -> None:
     """No Ready node advertises the GPU at all: nothing is held back (gpu-class-no-node says why)."""
     snapshot = snapshot_of([Node("a100-1", {"gpu-type": "a100"}, allocatable={"nvidia.com/gpu": 8}, ready=False)],
