@@ -193,3 +193,77 @@ def test_real_manifests() -> None:
     denied = {(r["kind"], r["name"]): [v["rule"] for v in r["violations"]] for r in results if not r["allowed"]}
     assert denied == {("MPIJob", "deepspeed-mpijob"): ["gpu-requests-equal-limits"],
                       ("LeaderWorkerSet", "nginx-leaderworkerset"): ["gpu-limits-required"]}
+
+
+# --------------------------------------------------------------------------------------------- --nodes
+
+REAL = REPO / "tests" / "data" / "real-h200"
+SEED = """apiVersion: v1
+kind: Pod
+metadata: {name: cuda-gpu-test}
+spec:
+  restartPolicy: Never
+  containers:
+  - name: cuda
+    image: nvidia/cuda:12.4.1-base-ubuntu22.04
+    command: [nvidia-smi]
+    resources: {limits: {nvidia.com/gpu: %d}}
+"""
+
+
+def seed_file(tmp_path: Path, gpus: int = 1) -> str:
+    path = tmp_path / f"seed-{gpus}.yaml"
+    path.write_text(SEED % gpus)
+    return str(path)
+
+
+def real_node(name: str) -> str:
+    return str((REAL / f"{name}.json").relative_to(REPO))
+
+
+def test_check_with_the_live_nodes_holds_back_a_default_they_lack(tmp_path: Path) -> None:
+    code, [result] = as_json(seed_file(tmp_path), "--nodes", real_node("node-h200"))
+    assert code == 0
+    assert result["object"]["spec"]["nodeSelector"] == {"workload": "inference"}
+    assert any(w.startswith("[gpu-class-skipped] gpu-type t4 not applied") and "NVIDIA-H200 (kit-gpu-node)" in w
+               for w in result["warnings"])
+    code, [offline] = as_json(seed_file(tmp_path))
+    assert offline["object"]["spec"]["nodeSelector"] == {"workload": "inference", "gpu-type": "t4"}
+
+
+def test_check_with_time_sliced_nodes_denies_two_replicas(tmp_path: Path) -> None:
+    result = check(seed_file(tmp_path, 2), "--nodes", real_node("node-h200-timesliced"))
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert result.stdout.startswith("nodes: 1 from tests/data/real-h200/node-h200-timesliced.json (1 Ready, 1 of them "
+                                    "advertising GPUs)\n")
+    assert "deny: [gpu-time-sliced-max] spec.containers[0] (cuda): asks for 2 nvidia.com/gpu" in result.stdout
+    assert "taken to exist: nvidia" in result.stdout
+
+
+def test_check_reads_a_yaml_node_list_from_stdin_with_runtime_classes(tmp_path: Path) -> None:
+    """`kubectl get nodes,runtimeclasses -o yaml`: a List; its RuntimeClasses are checked (none is `nvidia`)."""
+    node = json.loads((REAL / "node-h200.json").read_text())
+    kata = {"apiVersion": "node.k8s.io/v1", "kind": "RuntimeClass", "metadata": {"name": "kata"}, "handler": "kata"}
+    listing = {"apiVersion": "v1", "kind": "List", "items": [node, kata]}
+    code, [result] = as_json(seed_file(tmp_path), "--nodes", "-", stdin=yaml.safe_dump(listing))
+    assert code == 0
+    assert any(w.startswith("[gpu-runtime-class-missing] runtimeClassName nvidia was not set")
+               for w in result["warnings"])
+    assert "runtimeClassName" not in result["object"]["spec"]
+
+
+@pytest.mark.parametrize(
+    ("nodes", "stdin", "message"),
+    [
+        pytest.param("MANIFEST", None, "holds no Node (found Pod); give the output of `kubectl get nodes -o json`",
+                     id="not-nodes"),
+        pytest.param("tests/data/real-h200/missing.json", None, "missing.json: cannot be read", id="missing"),
+        pytest.param("-", "-", "standard input can be read once", id="stdin-twice"),
+    ],
+)
+def test_check_nodes_usage_errors(tmp_path: Path, nodes: str, stdin: str | None, message: str) -> None:
+    manifest = seed_file(tmp_path)
+    args = ["-" if stdin else manifest, "--nodes", manifest if nodes == "MANIFEST" else nodes]
+    result = check(*args, stdin=SEED % 1 if stdin else None)
+    assert result.returncode == 2 and message in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr

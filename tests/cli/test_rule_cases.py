@@ -28,6 +28,7 @@ ENGINE_RULES = frozenset({
     "gpu-pod-level-resources", "gpu-per-container-max", "gpu-class-max", "gpu-class-unknown",
     "gpu-class-not-allowed", "gpu-class-conflict", "gpu-class-missing", "gpu-env-without-request",
     "gpu-runtime-without-request", "gpu-toleration-without-request", "gpu-node-name-preset", "gpu-class-skipped",
+    "gpu-time-sliced-max",  # judged against the case's `nodes`
 })
 CASES = REPO / "tests" / "rule-cases"
 FAILING = REPO / "tests" / "data" / "failing-rule-cases"

@@ -9,9 +9,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from support.kube_replay import DATA, Computed, Json, ReplayServer, Request, load
 
+from webhook.admission.loader import load_policy
 from webhook.cli import main as cli
+from webhook.cluster import doctor
+from webhook.policy import inventory
 
 PROPOSED = DATA / "rules-proposed"
 # plural -> (URL prefix, fixture); a missing fixture is an empty list
@@ -143,9 +147,11 @@ def test_doctor_pending_pod_human(cluster: tuple[ReplayServer, str], capsys: pyt
     assert out.startswith("Pod ml-serving/big-infer\n[ok  ] GPU request: the Pod asks for 6 nvidia.com/gpu\n")
     expected = [
         "[ok  ] Advertised: nodes advertise the requested resources",
-        "[WARN] Device plugin: the device plugin is not ready on 2 GPU node(s): a100-down, t4-renamed-1; their GPUs "
-        "are not (or no longer) advertised",
-        "         GPU node t4-renamed-1 has no ready device plugin Pod (allocatable: nvidia.com/gpu.shared=4)",
+        "[WARN] Device plugin: the device plugin is not running on 1 GPU node(s): a100-down; their GPUs are not (or "
+        "no longer) advertised: check the plugin's Pod or service there",
+        "         GPU node a100-down has no ready device plugin Pod and is not Ready (allocatable: nvidia.com/gpu=16)",
+        "         advertised without a device plugin Pod found (a plugin works there: a host service, another name, "
+        "the GPU Operator): t4-renamed-1",
         "         DaemonSet gpu-operator/nvidia-device-plugin-daemonset: 7 desired, 6 ready",
         "[FAIL] Matching nodes: 3 node(s) match but none offers enough of nvidia.com/gpu: the Pod can never be "
         "scheduled as written",
@@ -155,7 +161,8 @@ def test_doctor_pending_pod_human(cluster: tuple[ReplayServer, str], capsys: pyt
         "training)",
         "         not a candidate: a100-down: not Ready",
         "[FAIL] Placement: the Pod is not scheduled (phase Pending)",
-        "[WARN] Events: the scheduler found no node with enough free resources (Insufficient ...)",
+        "[WARN] Events: the scheduler found no node with nvidia.com/gpu free: the GPUs of the matching nodes are in "
+        "use (it waits until one is released), unless the Pod asks for more than any node has (see Matching nodes)",
         "[ok  ] RuntimeClass: RuntimeClass nvidia exists",
         "[FAIL] This webhook: would deny this Pod if it were created now (class workload=inference,gpu-type=t4)",
         "Conclusion: Matching nodes: 3 node(s) match but none offers enough of nvidia.com/gpu: the Pod can never "
@@ -207,3 +214,135 @@ def test_doctor_usage_errors(cluster: tuple[ReplayServer, str], capsys: pytest.C
     server.down = down
     code, out, err = run(capsys, "doctor", pod, "--kubeconfig", kubeconfig)
     assert code == 2 and message in err and out == ""
+
+
+# --------------------------------------------------------------------------------------------- a real H200 node
+
+REAL = DATA.parent / "real-h200"
+
+
+def real(name: str) -> dict[str, Any]:
+    text = (REAL / name).read_text()
+    data: dict[str, Any] = json.loads(text) if name.endswith(".json") else yaml.safe_load(text)
+    return data
+
+
+def real_events(object_name: str, uids: dict[str, str]) -> list[dict[str, Any]]:
+    """The Pod's events from `kubectl get events` of the real run (events.txt), as Event objects. The text has no
+    uids: `uids` maps a message fragment to the uid of the Pod it belongs to (from the stored Pods and the
+    kubelet's own `name_namespace(uid)` texts)."""
+    lines = (REAL / "events.txt").read_text().splitlines()
+    header = lines[0]
+    cols = [header.index(c) for c in ("TYPE", "REASON", "OBJECT", "MESSAGE")]
+    events = []
+    for line in lines[1:]:
+        kind_name = line[cols[2]:cols[3]].strip()
+        if kind_name != f"pod/{object_name}":
+            continue
+        message = line[cols[3]:].strip()
+        uid = next((u for fragment, u in uids.items() if fragment in message), "")
+        events.append({"type": line[cols[0]:cols[1]].strip(), "reason": line[cols[1]:cols[2]].strip(),
+                       "message": message, "metadata": {"namespace": "default"},
+                       "involvedObject": {"kind": "Pod", "name": object_name, "uid": uid}})
+    return events
+
+
+def real_snapshot(*nodes: dict[str, Any]) -> inventory.Snapshot:
+    return inventory.snapshot_from_api(nodes, [{"metadata": {"name": "nvidia"}, "handler": "nvidia"}])
+
+
+def with_hand_labels(node: dict[str, Any], **labels: str) -> dict[str, Any]:
+    """The real Node with the platform labels that were set by hand on it at that moment of the run."""
+    copy = json.loads(json.dumps(node))
+    copy["metadata"]["labels"].update(labels)
+    return copy
+
+
+def test_doctor_a_pod_that_ran_on_a_node_advertising_its_gpu() -> None:
+    """The seed Pod that ran and Succeeded on the real node. No device plugin DaemonSet exists (the plugin ran as
+    a host process), but the node advertises nvidia.com/gpu: a plugin works; that is no conclusion. The earlier
+    Pod of the same name (the packaged rules' gpu-type t4) left a FailedScheduling event: not this Pod's."""
+    pod = real("pod-cuda-gpu-test-stored.yaml")
+    node = with_hand_labels(real("node-h200.json"), **{"gpu-type": "h200"})
+    events = real_events("cuda-gpu-test", {"didn't match": "94aa0255-1e3b-4f30-a99c-9612e9d13e18",
+                                           "c358e88c": "c358e88c-3fc9-4084-89f7-81a74c6cc091",
+                                           "Insufficient": "a-third-cuda-gpu-test"})
+    assert len(events) == 7
+    report = doctor.diagnose(load_policy(), doctor.Facts(pod=pod, events=tuple(events), snapshot=real_snapshot(node)))
+    steps = {s.title: s for s in report.steps}
+    assert steps["Device plugin"].status == "ok", steps["Device plugin"]
+    assert "kit-gpu-node" in " ".join(steps["Device plugin"].evidence)
+    assert steps["Placement"].summary == "the Pod is on node kit-gpu-node (phase Succeeded)"
+    assert "FailedScheduling" not in " ".join(steps["Events"].evidence), "an earlier Pod's events"
+    assert "MissingClusterDNS" in " ".join(steps["Events"].evidence)
+    assert "device plugin" not in report.conclusion.lower()
+
+
+def test_doctor_explains_the_kubelet_rejection_of_a_time_sliced_pod() -> None:
+    pod = real("pod-timesliced-two-replicas-rejected.json")
+    snapshot = real_snapshot(real("node-h200-timesliced.json"))
+    report = doctor.diagnose(load_policy(), doctor.Facts(pod=pod, snapshot=snapshot))
+    placement = next(s for s in report.steps if s.title == "Placement")
+    assert placement.status == "fail"
+    assert placement.summary.startswith("the Pod is on node kit-gpu-node (phase Failed), and the kubelet refused it: "
+                                        "its node shares each GPU (time-slicing)")
+    assert "ask for 1 nvidia.com/gpu, or use a class of whole GPUs" in placement.summary
+    assert placement.evidence[0].startswith("UnexpectedAdmissionError: Pod was rejected: Allocate failed")
+    assert report.conclusion.startswith("Placement: the Pod is on node kit-gpu-node (phase Failed)")
+    webhook = next(s for s in report.steps if s.title == "This webhook")
+    assert webhook.status == "fail" and "[gpu-time-sliced-max]" in " ".join(webhook.evidence)
+
+
+def test_doctor_says_no_plugin_when_no_gpu_node_advertises() -> None:
+    node = real("node-h200.json")
+    node["status"]["allocatable"].pop("nvidia.com/gpu")  # before the device plugin ran
+    pod = {"kind": "Pod", "metadata": {"name": "p", "namespace": "default"},
+           "spec": {"containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": 1}}}]}}
+    report = doctor.diagnose(load_policy(), doctor.Facts(pod=pod, snapshot=real_snapshot(node)))
+    plugin = next(s for s in report.steps if s.title == "Device plugin")
+    assert plugin.status == "fail" and "no node advertises a GPU resource" in plugin.summary
+    assert "GPU nodes: kit-gpu-node" in plugin.summary
+
+
+ADVERTISED = doctor.Clues({"nvidia.com/gpu": 1})
+NOTHING = doctor.Clues({})
+SANDBOX = ('FailedCreatePodSandBox: Failed to create pod sandbox: rpc error: code = Unknown desc = failed to get '
+           'sandbox runtime: no runtime for "nvidia" is configured')
+
+
+def _real_event(fragment: str) -> str:
+    line = next(x for x in (REAL / "events.txt").read_text().splitlines() if fragment in x)
+    return line[line.index("FailedScheduling"):].replace("FailedScheduling", "FailedScheduling:", 1)
+
+
+@pytest.mark.parametrize(
+    ("text", "clues", "status", "meaning"),
+    [
+        pytest.param(real("pod-timesliced-two-replicas-rejected.json")["status"]["message"], ADVERTISED, "fail",
+                     "a container asked for 2; ask for 1 nvidia.com/gpu, or use a class of whole GPUs",
+                     id="kubelet-shared-replicas"),
+        pytest.param("container cuda: RunContainerError: failed to inject CDI devices: unresolvable CDI devices "
+                     "nvidia.com/gpu=all", ADVERTISED, "fail",
+                     "could not inject the CDI device nvidia.com/gpu=all: the node's CDI spec (/etc/cdi or "
+                     "/var/run/cdi) has no such device; run `nvidia-ctk cdi generate", id="cdi-unresolvable"),
+        pytest.param(SANDBOX, ADVERTISED, "fail", 'containerd on the node has no runtime handler "nvidia"',
+                     id="containerd-runtime-handler"),
+        pytest.param(_real_event("Insufficient"), ADVERTISED, "warn",
+                     "no node with nvidia.com/gpu free: the GPUs of the matching nodes are in use", id="gpus-in-use"),
+        pytest.param(_real_event("Insufficient"), NOTHING, "warn",
+                     "no Ready node advertises it, so its device plugin is not running", id="plugin-not-running"),
+        pytest.param(_real_event("didn't match"), ADVERTISED, "warn",
+                     "no node with the labels the Pod's nodeSelector or node affinity asks for", id="selector"),
+        pytest.param("UnexpectedAdmissionError: Pod was rejected: something new", ADVERTISED, "fail",
+                     "the kubelet refused the Pod at admission", id="other-kubelet-rejection"),
+        pytest.param("MissingClusterDNS: kubelet does not have ClusterDNS IP configured", ADVERTISED, None, "",
+                     id="not-ours"),
+    ],
+)
+def test_doctor_explains_real_texts(text: str, clues: doctor.Clues, status: str | None, meaning: str) -> None:
+    found = doctor.explain(text, clues)
+    if status is None:
+        assert found is None
+        return
+    assert found is not None and found[0] == status
+    assert meaning in found[1], found[1]

@@ -37,7 +37,10 @@ def test_rule_edit_changes_the_next_decision_without_restart(cluster: Cluster, n
     assert _selector_of_dry_run(core, namespace, "before")["gpu-type"] == "t4"
 
     def default_a100(policy: dict[str, Any]) -> None:
+        # The training A100 nodes: a default pair some live node satisfies (with cluster awareness, a default no
+        # Ready GPU node satisfies, such as inference on a100, is held back instead of injected).
         policy["spec"]["classes"]["axes"]["gpu-type"]["default"] = "a100"
+        policy["spec"]["classes"]["axes"]["workload"]["default"] = "training"
 
     started = time.monotonic()
     with edited_rules(cluster, default_a100):

@@ -206,12 +206,14 @@ def test_required_node_affinity(expressions: list[dict[str, Any]], expected: boo
                      id="deployment-template"),
         pytest.param(pod(1), snap("t4-1", "a100-1"), POLICY, [], id="t4-default-class"),
         pytest.param(pod(2), snap("t4-1", "a100-1"), POLICY, ["offers 1 (t4-1; 1 node match)"], id="t4-two"),
-        pytest.param(pod(1), snap("t4-renamed-1", "a100-1"), POLICY,
+        pytest.param(pod(1), snap("t4-renamed-1"), POLICY,
                      ["[gpu-class-no-node] class workload=inference,gpu-type=t4 (nodeSelector gpu-type=t4, "
                       "workload=inference) matches no Ready node that advertises nvidia.com/gpu, so the Pod would "
                       "stay Pending: t4-renamed-1 advertises nvidia.com/gpu.shared instead: time-slicing or MPS with "
                       "renameByDefault renames the resource; request nvidia.com/gpu.shared"],
                      id="time-sliced-renamed"),
+        pytest.param(pod(1), snap("t4-renamed-1", "a100-1"), POLICY, [],
+                     id="time-sliced-renamed-plain-pod-goes-where-whole-gpus-are"),
         pytest.param(pod(1, resource="nvidia.com/gpu.shared"), snap("t4-renamed-1"), POLICY, [],
                      id="time-sliced-renamed-asks-shared"),
         pytest.param(pod(1, labels={"gpu-webhook.io/product": "t4"}), snap("t4-shared-1", "a100-1"), PRODUCT_RULES,

@@ -202,13 +202,66 @@ def test_held_back_warning_names_the_axis_and_the_nodes() -> None:
     assert "matches 1 GPU node (a100-1)" in warning
 
 
-def test_a_pod_that_chose_no_nodes_keeps_the_platform_default() -> None:
-    """Only a Pod's own selection is protected: a plain Pod gets its class (and gpu-class-no-node if none fits)."""
-    snapshot = snapshot_of([seed_node("a100-1", {"gpu-type": "a100", "workload": "training"})], [], [], [])
+def test_a_plain_pod_keeps_the_defaults_the_live_nodes_satisfy() -> None:
+    """A Pod that chose no nodes is not made unschedulable by a default: each default axis value no Ready node
+    advertising its GPU satisfies is held back (with a warning), the others are kept; /validate agrees."""
+    nodes = [seed_node("a100-1", {"gpu-type": "a100", "workload": "inference"})]
+    snapshot = snapshot_of(nodes, [], [], [])
     pod = seed_a100_pod()
     del pod["spec"]["nodeSelector"]
-    verdict = decide(policy(), pod, "default", inventory=snapshot).verdict
-    assert "gpu-class-no-node" in verdict.rules
+    outcome = decide(policy(), pod, "default", inventory=snapshot)
+    assert outcome.verdict.allowed and "gpu-class-no-node" not in outcome.verdict.rules
+    assert outcome.patched["spec"]["nodeSelector"] == {"workload": "inference"}
+    [warning] = [f.render() for f in outcome.verdict.warnings if f.rule == "gpu-class-skipped"]
+    assert "gpu-type t4 not applied (from the cluster default)" in warning
+    assert warning.endswith("set spec.classes.axes.gpu-type.default: a100"), warning
+    assert admitted(nodes, outcome.patched["spec"])
+    final = decide(policy(), outcome.patched, "default", mode="validate", inventory=snapshot)
+    assert final.verdict.allowed, final.verdict.message()
+    assert final.verdict.gpu_class == outcome.verdict.gpu_class == "workload=inference,gpu-type=t4"
+    offline = decide(policy(), pod, "default")
+    assert offline.patched["spec"]["nodeSelector"] == {"workload": "inference", "gpu-type": "t4"}, \
+        "without cluster awareness nothing changes"
+
+
+LIVE_NODE = st.builds(
+    lambda name, workload, gpu_type, ready, gpus: Node(
+        name, {k: v for k, v in (("workload", workload), ("gpu-type", gpu_type)) if v},
+        (inventory.Taint("nvidia.com/gpu", "present"),), {"nvidia.com/gpu": gpus}, ready),
+    st.sampled_from(["n0", "n1", "n2", "n3"]), st.sampled_from(["inference", "training", "", "batch"]),
+    st.sampled_from(["t4", "a100", "", "h200"]), st.booleans(), st.integers(0, 2))
+
+
+@SETTINGS
+@given(st.lists(LIVE_NODE, min_size=1, max_size=4, unique_by=lambda n: n.name), st.integers(1, 2))
+def test_a_plain_pod_is_never_left_without_the_live_gpu_nodes(nodes: list[Node], gpus: int) -> None:
+    """With live nodes, a plain GPU Pod admitted by /mutate matches a Ready node that advertises its GPU whenever
+    one exists, and /validate on the same snapshot agrees with the class /mutate chose."""
+    snapshot = snapshot_of(nodes, [inventory.RuntimeClass("nvidia", "nvidia")], [], [])
+    pod = seed_a100_pod()
+    del pod["spec"]["nodeSelector"]
+    pod["spec"]["containers"][0]["resources"] = {"limits": {"nvidia.com/gpu": gpus}}
+    outcome = decide(policy(), pod, "default", inventory=snapshot)
+    if not outcome.verdict.allowed:
+        assert outcome.verdict.rules[0] == "gpu-never-schedulable", outcome.verdict.message()
+        return
+    hosts = [n for n in nodes if n.ready and n.offers("nvidia.com/gpu") > 0]
+    if hosts:
+        assert admitted(hosts, outcome.patched["spec"]), (outcome.patch, outcome.verdict.choices)
+    final = decide(policy(), outcome.patched, "default", mode="validate", inventory=snapshot).verdict
+    assert final.allowed, final.message()
+    assert final.gpu_class == outcome.verdict.gpu_class
+
+
+def test_a_plain_pod_gets_the_platform_default_when_no_gpu_node_is_ready() -> None:
+    """No Ready node advertises the GPU at all: nothing is held back (gpu-class-no-node says why)."""
+    snapshot = snapshot_of([Node("a100-1", {"gpu-type": "a100"}, allocatable={"nvidia.com/gpu": 8}, ready=False)],
+                           [], [], [])
+    pod = seed_a100_pod()
+    del pod["spec"]["nodeSelector"]
+    outcome = decide(policy(), pod, "default", inventory=snapshot)
+    assert "gpu-class-no-node" in outcome.verdict.rules and "gpu-class-skipped" not in outcome.verdict.rules
+    assert outcome.patched["spec"]["nodeSelector"] == {"workload": "inference", "gpu-type": "t4"}
 
 
 # --------------------------------------------------------------------------------------------- rule files

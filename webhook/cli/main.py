@@ -19,7 +19,7 @@ import yaml
 from webhook.admission.loader import load_policy
 from webhook.cli import rule_tests
 from webhook.policy import checking
-from webhook.policy.manifests_io import ManifestError
+from webhook.policy.manifests_io import ManifestError, read_manifests
 from webhook.policy.rules import RULES, Policy, RuleError
 
 EXIT_OK, EXIT_DENIED, EXIT_USAGE = 0, 1, 2
@@ -88,6 +88,10 @@ def _add_check(sub: Any) -> None:
     p.add_argument("-n", "--namespace", default=None,
                    help="namespace for objects that name none (default: the object's, else 'default')")
     p.add_argument("-o", "--output", choices=("human", "yaml", "json"), default="human")
+    p.add_argument("--nodes", metavar="FILE", default=None,
+                   help="the live nodes, as `kubectl get nodes -o json` (a List, or YAML; - reads standard input; "
+                        "add runtimeclasses,namespaces to the dump to check those too): decide with the cluster-aware "
+                        "checks on, as the server does with --cluster")
     rules_arg(p)
     p.set_defaults(func=run_check)
 
@@ -95,11 +99,17 @@ def _add_check(sub: Any) -> None:
 def run_check(args: argparse.Namespace) -> int:
     policy = load_policy(resolve_rules(args.rules))
     try:
-        results = checking.check_sources(policy, _read_inputs(args.files), args.namespace)
+        if args.nodes == "-" and "-" in args.files:
+            raise ManifestError("standard input can be read once: give the manifests or --nodes as a file")
+        dump = _read_nodes(policy, args.nodes) if args.nodes else None
+        results = checking.check_sources(policy, _read_inputs(args.files), args.namespace,
+                                         inventory=dump.snapshot if dump else None)
     except (ManifestError, OSError) as err:
         print(f"gpu-webhook check: {err}", file=sys.stderr)
         return EXIT_USAGE
     out = sys.stdout
+    if dump is not None:
+        (out if args.output == "human" else sys.stderr).write(_describe_nodes(policy, args.nodes, dump))
     if args.output == "json":
         json.dump([r.to_json() for r in results], out, indent=2)
         out.write("\n")
@@ -121,6 +131,22 @@ def _read_inputs(names: Sequence[str]) -> list[tuple[str, str]]:
         except (OSError, UnicodeDecodeError) as err:
             raise ManifestError(f"{name}: cannot be read ({err})") from None
     return sources
+
+
+def _read_nodes(policy: Policy, name: str) -> checking.NodeDump:
+    [(source, text)] = _read_inputs([name])
+    objects = [m.obj for m in read_manifests(source, text)]
+    return checking.snapshot_from_objects(policy, source, objects)
+
+
+def _describe_nodes(policy: Policy, name: str, dump: checking.NodeDump) -> str:
+    nodes = dump.snapshot.nodes
+    ready = [n for n in nodes if n.ready]
+    gpus = [n for n in ready if any(v > 0 and policy.gpu_resource(r) for r, v in n.allocatable.items())]
+    lines = [f"nodes: {len(nodes)} from {'<stdin>' if name == '-' else name} ({len(ready)} Ready, {len(gpus)} of them "
+             f"advertising GPUs)"]
+    lines += [f"nodes: {note}" for note in dump.notes]
+    return "\n".join(lines) + "\n"
 
 
 def _print_human(policy: Policy, results: Sequence[checking.Result], out: TextIO) -> None:

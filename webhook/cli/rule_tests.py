@@ -12,6 +12,9 @@ A test file is YAML of kind `GPUPolicyTest`:
         mode: mutate              # optional: mutate | validate
         object: {...}             # the manifest inline, or
         file: pods/plain.yaml     # a manifest file relative to this test file (its first object)
+        nodes: nodes/h200.json    # optional: the live cluster (`kubectl get nodes -o json`, relative to this
+                                  # file, or a list of Node objects): the cluster-aware checks then run, as in
+                                  # `check --nodes` (RuntimeClasses the rules name are taken to exist)
         expect:
           allowed: true
           violations: [rule-id]   # the exact set of denying rule ids (default: none)
@@ -36,9 +39,10 @@ import jsonpointer
 import yaml
 
 from webhook.admission.loader import load_policy
-from webhook.policy.checking import decide, namespace_of
+from webhook.policy.checking import decide, namespace_of, snapshot_from_objects
 from webhook.policy.findings import Mode, Operation
-from webhook.policy.manifests_io import read_manifests
+from webhook.policy.inventory import Snapshot
+from webhook.policy.manifests_io import ManifestError, read_manifests
 from webhook.policy.rules import Policy, RuleError
 
 KIND = "GPUPolicyTest"
@@ -106,13 +110,34 @@ def _run_case(policy: Policy, path: Path, index: int, case: Any) -> CaseOutcome:
     if operation not in get_args(Operation) or mode not in get_args(Mode):
         raise TestFileError(f"{path}: case {index}: operation must be one of {', '.join(get_args(Operation))} and "
                             f"mode one of {', '.join(get_args(Mode))}; got {operation!r}, {mode!r}")
-    outcome = decide(policy, obj, namespace, operation, mode)
+    nodes = _case_nodes(policy, path, index, case)
+    outcome = decide(policy, obj, namespace, operation, mode, inventory=nodes)
     problems = _compare(case["expect"], outcome.verdict, outcome.patch, outcome.patched)
     if outcome.patch:
-        again = decide(policy, outcome.patched, namespace, operation, mode)
+        again = decide(policy, outcome.patched, namespace, operation, mode, inventory=nodes)
         if again.patch:
             problems.append(f"not idempotent: a second pass patches again: {again.patch}")
     return CaseOutcome(f"{path}#{index}", name, tuple(problems), outcome.verdict.choices)
+
+
+def _case_nodes(policy: Policy, path: Path, index: int, case: Mapping[str, Any]) -> Snapshot | None:
+    nodes = case.get("nodes")
+    if nodes is None:
+        return None
+    where = f"{path}: case {index}: nodes"
+    if isinstance(nodes, list):
+        objects = [n for n in nodes if isinstance(n, Mapping)]
+    else:
+        target = path.parent / str(nodes)
+        try:
+            objects = [m.obj for m in read_manifests(str(target), target.read_text(encoding="utf-8"))]
+        except (OSError, UnicodeDecodeError) as err:
+            raise TestFileError(f"{where}: {target} cannot be read ({err}); `nodes` is relative to the test "
+                                "file") from None
+    try:
+        return snapshot_from_objects(policy, where, objects).snapshot
+    except ManifestError as err:
+        raise TestFileError(str(err)) from None
 
 
 def _case_object(path: Path, index: int, case: Mapping[str, Any]) -> Mapping[str, Any]:

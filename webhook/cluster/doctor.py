@@ -7,12 +7,18 @@ landed, its events (and its owners'), its RuntimeClass, and what this webhook de
 in `webhook.cluster.kube.read_doctor_facts`; nothing here touches the network.
 
 A step is `ok`, `info`, `warn` or `fail`; any `fail` is where the Pod's path breaks.
+
+A node that advertises a GPU resource is the evidence that a device plugin works there, whatever runs it. What
+the kubelet, the container runtime and the scheduler wrote (the Pod's status, its containers' states, its
+events, matched to it by `involvedObject.uid`) is explained by `EXPLANATIONS`, a table of real texts
+(pattern -> meaning and fix): add a row when a new real text turns up.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+import re
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -95,8 +101,9 @@ def diagnose(policy: Policy, facts: Facts) -> Report:
         steps.append(_advertised_step(snapshot, asks))
         steps.append(_device_plugin_step(policy, facts))
         steps.append(_matching_step(snapshot, where, asks, used, scheduled=bool(spec.get("nodeName"))))
-    steps.append(_landing_step(pod))
-    steps.append(_events_step(facts))
+    clues = Clues.of(snapshot)
+    steps.append(_landing_step(pod, clues))
+    steps.append(_events_step(facts, clues))
     steps.append(_runtime_class_step(snapshot, spec, gpu=bool(asks or claims)))
     steps.append(_webhook_step(policy, facts))
     return Report(f"{_namespace(pod)}/{_name(pod)}", tuple(steps))
@@ -137,8 +144,10 @@ def _is_device_plugin(ds: Json) -> bool:
 
 
 def _gpu_nodes(policy: Policy, snapshot: Snapshot) -> list[Node]:
+    """Nodes with a GPU: labelled so by NFD (`nvidia.com/gpu.present`) or GFD (`nvidia.com/gpu.product`), or
+    advertising a GPU resource."""
     return [n for n in snapshot.nodes
-            if n.labels.get(inventory.GPU_PRESENT_LABEL) == "true"
+            if n.labels.get(inventory.GPU_PRESENT_LABEL) == "true" or inventory.product_of(n)
             or any(v > 0 and policy.gpu_resource(r) for r, v in n.allocatable.items())]
 
 
@@ -147,14 +156,17 @@ def _ready(pod: Json) -> bool:
     return any(mapping(c).get("type") == "Ready" and mapping(c).get("status") == "True" for c in conditions)
 
 
+def _advertising(policy: Policy, snapshot: Snapshot) -> list[Node]:
+    """Ready nodes whose allocatable shows a GPU resource: the evidence that a device plugin works there,
+    whatever runs it (a DaemonSet of any name, the GPU Operator, a host service)."""
+    return [n for n in snapshot.nodes if n.ready and any(v > 0 and policy.gpu_resource(r)
+                                                         for r, v in n.allocatable.items())]
+
+
 def _device_plugin_step(policy: Policy, facts: Facts) -> Step:
     plugins = [ds for ds in facts.daemonsets if _is_device_plugin(ds)]
     gpu_nodes = _gpu_nodes(policy, facts.snapshot)
-    if not plugins:
-        return Step("Device plugin", "warn" if gpu_nodes else "fail",
-                    "no device plugin DaemonSet found (none is named or runs an image with 'device-plugin'); install "
-                    "the NVIDIA device plugin (or the GPU Operator) on the GPU nodes",
-                    tuple(f"GPU node {n.name}" for n in gpu_nodes[:_SHOWN]))
+    working = {n.name for n in _advertising(policy, facts.snapshot)}
     evidence: list[str] = []
     covered: set[str] = set()
     for ds in plugins:
@@ -169,17 +181,34 @@ def _device_plugin_step(policy: Policy, facts: Facts) -> Step:
                 node_name = str(mapping(pod.get("spec")).get("nodeName") or "")
                 if _ready(pod) and node_name:
                     covered.add(node_name)
-    uncovered = [n for n in gpu_nodes if n.name not in covered]
     if covered:
         evidence.append(f"a ready device plugin Pod runs on: {', '.join(sorted(covered)[:_SHOWN])}")
-    for node in uncovered[:_SHOWN]:
+    silent = [n for n in gpu_nodes if n.name not in covered and n.name not in working]
+    for node in silent[:_SHOWN]:
         offers = ", ".join(f"{r}={v}" for r, v in sorted(node.allocatable.items()) if v) or "no GPU resource"
-        evidence.append(f"GPU node {node.name} has no ready device plugin Pod (allocatable: {offers})")
-    if uncovered:
-        names = ", ".join(n.name for n in uncovered[:_SHOWN])
-        return Step("Device plugin", "warn", f"the device plugin is not ready on {len(uncovered)} GPU node(s): "
-                    f"{names}; their GPUs are not (or no longer) advertised", tuple(evidence))
-    return Step("Device plugin", "ok", "a device plugin Pod is ready on every GPU node", tuple(evidence))
+        state = "is not Ready" if not node.ready else "advertises no GPU resource"
+        evidence.append(f"GPU node {node.name} has no ready device plugin Pod and {state} (allocatable: {offers})")
+    elsewhere = sorted(working - covered)
+    if elsewhere:
+        evidence.append(f"advertised without a device plugin Pod found (a plugin works there: a host service, "
+                        f"another name, the GPU Operator): {', '.join(elsewhere[:_SHOWN])}")
+    if silent:
+        names = ", ".join(n.name for n in silent[:_SHOWN])
+        if not plugins and not working:
+            return Step("Device plugin", "fail",
+                        f"no node advertises a GPU resource and no device plugin DaemonSet was found (none is named or "
+                        f"runs an image with 'device-plugin'); GPU nodes: {names}; install the NVIDIA device plugin "
+                        "(or the GPU Operator) on them", tuple(evidence))
+        return Step("Device plugin", "warn", f"the device plugin is not running on {len(silent)} GPU node(s): "
+                    f"{names}; their GPUs are not (or no longer) advertised: check the plugin's Pod or service "
+                    "there", tuple(evidence))
+    if not working and not covered:
+        return Step("Device plugin", "fail" if not gpu_nodes else "warn",
+                    "no device plugin DaemonSet found (none is named or runs an image with 'device-plugin') and no "
+                    "node advertises a GPU resource; install the NVIDIA device plugin (or the GPU Operator) on the "
+                    "GPU nodes", tuple(evidence))
+    return Step("Device plugin", "ok", f"a device plugin works on every GPU node ({len(working | covered)} "
+                "advertise GPUs or run a ready plugin Pod)", tuple(evidence))
 
 
 def _used(policy: Policy, running: Sequence[Json], exclude: str, namespace: str) -> dict[str, dict[str, int]]:
@@ -258,13 +287,21 @@ def _why_not(node: Node, where: Placement) -> str:
     return ""
 
 
-def _landing_step(pod: Json) -> Step:
+def _landing_step(pod: Json, clues: Clues) -> Step:
     spec, status = mapping(pod.get("spec")), mapping(pod.get("status"))
     phase = str(status.get("phase") or "Unknown")
     node = spec.get("nodeName")
     if node:
+        told = _node_texts(status)
+        explained = [(found, text) for text in told if (found := explain(text, clues)) is not None]
+        if explained:
+            (level, meaning), _ = explained[0]
+            return Step("Placement", level, f"the Pod is on node {node} (phase {phase}), and {meaning}",
+                        tuple(text for _, text in explained))
+        if phase == "Failed":
+            return Step("Placement", "fail", f"the Pod is on node {node} and Failed", tuple(told))
         return Step("Placement", "ok" if phase in ("Running", "Succeeded") else "info",
-                    f"the Pod is on node {node} (phase {phase})")
+                    f"the Pod is on node {node} (phase {phase})", tuple(told))
     conditions = [mapping(c) for c in status.get("conditions") or []]
     scheduled = next((c for c in conditions if c.get("type") == "PodScheduled"), {})
     message = str(scheduled.get("message") or "")
@@ -273,33 +310,160 @@ def _landing_step(pod: Json) -> Step:
     return Step("Placement", "fail", f"the Pod is not scheduled (phase {phase})", evidence)
 
 
-def _events_step(facts: Facts) -> Step:
-    warnings = [e for e in facts.events if e.get("type") == "Warning"]
+def _node_texts(status: Json) -> list[str]:
+    """What the kubelet and the runtime said on the node: the Pod's reason and message, and each container's
+    waiting or terminated reason and message (`reason: message`)."""
+    texts: list[str] = []
+    if status.get("reason") or status.get("message"):
+        texts.append(f"{status.get('reason') or ''}: {status.get('message') or ''}".strip(": "))
+    for key in ("initContainerStatuses", "containerStatuses"):
+        for container in status.get(key) or []:
+            container = mapping(container)
+            for part in ("state", "lastState"):
+                for phase in ("waiting", "terminated"):
+                    said = mapping(mapping(container.get(part)).get(phase))
+                    if said.get("message"):
+                        texts.append(f"container {container.get('name')}: {said.get('reason') or phase}: "
+                                     f"{said.get('message')}")
+    return texts
+
+
+def _events_step(facts: Facts, clues: Clues) -> Step:
+    warnings = [e for e in _own_events(facts) if e.get("type") == "Warning"]
     evidence: list[str] = []
     status: Status = "ok"
+    meanings: list[tuple[Status, str]] = []
     for event in sorted(warnings, key=lambda e: str(e.get("lastTimestamp") or e.get("eventTime") or "")):
         involved = mapping(event.get("involvedObject"))
         reason, message = str(event.get("reason") or ""), str(event.get("message") or "")
         count = f" (x{event['count']})" if isinstance(event.get("count"), int) and event["count"] > 1 else ""
         evidence.append(f"{involved.get('kind')}/{involved.get('name')} {reason}{count}: {message}")
+        found = explain(f"{reason}: {message}", clues)
+        if found is not None:
+            meanings.append(found)
         if "Insufficient" in message or reason in ("FailedCreate", "UnexpectedAdmissionError", "FailedScheduling"):
             status = "warn"
     if not warnings:
         return Step("Events", "ok", "no warning events for the Pod or its owners")
-    meaning = _explain(warnings)
-    return Step("Events", status, meaning, tuple(evidence))
+    if meanings:
+        worst = min(meanings, key=lambda m: _SEVERITY.index(m[0]))
+        return Step("Events", worst[0] if worst[0] != "info" else status, worst[1], tuple(evidence))
+    return Step("Events", status, f"{len(warnings)} warning event(s): "
+                f"{', '.join(sorted({str(e.get('reason') or '') for e in warnings}))}", tuple(evidence))
 
 
-def _explain(warnings: Sequence[Json]) -> str:
-    messages = " ".join(str(e.get("message") or "") for e in warnings)
-    reasons = {str(e.get("reason") or "") for e in warnings}
-    if "FailedCreate" in reasons and "admission webhook" in messages:
-        return "the owner could not create Pods: an admission webhook denied them (see the message)"
-    if "Insufficient" in messages:
-        return "the scheduler found no node with enough free resources (Insufficient ...)"
-    if "UnexpectedAdmissionError" in reasons:
-        return "the kubelet refused the Pod at admission (device plugin allocation failed)"
-    return f"{len(warnings)} warning event(s): {', '.join(sorted(reasons))}"
+def _own_events(facts: Facts) -> list[Json]:
+    """The events of this Pod and its owners: an event names its object by uid (`involvedObject.uid`); the events
+    of an earlier Pod of the same name, which the API server keeps, are not this Pod's. An event without a uid
+    is kept."""
+    uids = {str(mapping(o.get("metadata")).get("uid") or "") for o in (facts.pod, *facts.owners)} - {""}
+    return [e for e in facts.events
+            if not uids or not mapping(e.get("involvedObject")).get("uid")
+            or str(mapping(e.get("involvedObject")).get("uid")) in uids]
+
+
+# --------------------------------------------------------------------------------------------- explanations
+
+
+@dataclass(frozen=True)
+class Clues:
+    """What an explanation may consult beyond the text: how much of each GPU resource Ready nodes advertise."""
+
+    advertised: Mapping[str, int]
+
+    @classmethod
+    def of(cls, snapshot: Snapshot) -> Clues:
+        total: dict[str, int] = {}
+        for node in snapshot.nodes:
+            if node.ready:
+                for resource, count in node.allocatable.items():
+                    total[resource] = total.get(resource, 0) + count
+        return cls(total)
+
+
+@dataclass(frozen=True)
+class Explanation:
+    """A text the kubelet, the scheduler or the container runtime writes (a regular expression with named
+    groups), and what it means: `meaning` gets the groups and the clues, and says what to do."""
+
+    name: str
+    pattern: re.Pattern[str]
+    status: Status
+    meaning: Callable[[Mapping[str, str], Clues], str]
+
+
+def _shared_replicas(groups: Mapping[str, str], clues: Clues) -> str:
+    return (f"the kubelet refused it: its node shares each GPU (time-slicing), the device plugin hands a container "
+            f"at most 1 replica, and a container asked for {groups['found']}; ask for 1 {groups['resource']}, or use "
+            "a class of whole GPUs (the webhook's gpu-time-sliced-max refuses this at admission)")
+
+
+def _cdi(groups: Mapping[str, str], clues: Clues) -> str:
+    return (f"the container runtime could not inject the CDI device {groups['devices']}: the node's CDI spec "
+            "(/etc/cdi or /var/run/cdi) has no such device; run `nvidia-ctk cdi generate --output=/var/run/cdi/"
+            "nvidia.yaml` on the node (after a driver change too), or check the GPU Operator's CDI setup "
+            "(cdi.enabled)")
+
+
+def _no_handler(groups: Mapping[str, str], clues: Clues) -> str:
+    handler = groups["handler"]
+    return (f"containerd on the node has no runtime handler \"{handler}\" (the RuntimeClass's handler), so no Pod "
+            f"sandbox of this RuntimeClass can start there; configure it (`nvidia-ctk runtime configure "
+            f"--runtime=containerd`, or the GPU Operator's toolkit, adds it) and restart containerd, or keep such Pods "
+            f"off that node with the RuntimeClass's scheduling.nodeSelector")
+
+
+def _insufficient(groups: Mapping[str, str], clues: Clues) -> str:
+    resource = groups["resource"]
+    if not clues.advertised.get(resource):
+        return (f"the scheduler found no node with {resource}: no Ready node advertises it, so its device plugin "
+                "is not running (or not registered) on the GPU nodes; start it there (see Device plugin)")
+    return (f"the scheduler found no node with {resource} free: the GPUs of the matching nodes are in use (it waits "
+            "until one is released), unless the Pod asks for more than any node has (see Matching nodes)")
+
+
+def _selector(groups: Mapping[str, str], clues: Clues) -> str:
+    return ("the scheduler found no node with the labels the Pod's nodeSelector or node affinity asks for (a class "
+            "value no node carries?); see Matching nodes, and label the nodes or pick a class they have")
+
+
+def _webhook_denied(groups: Mapping[str, str], clues: Clues) -> str:
+    return "the owner could not create Pods: an admission webhook denied them (see the message)"
+
+
+def _kubelet_admission(groups: Mapping[str, str], clues: Clues) -> str:
+    return ("the kubelet refused the Pod at admission (device plugin allocation failed); read the message, fix "
+            "the request, and re-create the Pod")
+
+
+_SEVERITY: tuple[Status, ...] = ("fail", "warn", "info", "ok")
+# Real texts, most specific first. Sources: the kubelet's UnexpectedAdmissionError with NVIDIA's device plugin
+# (tests/data/real-h200), nvidia-container-runtime in CDI mode, containerd's CRI plugin
+# (`failed to get sandbox runtime: %w` around `no runtime for %q is configured`) and the scheduler's
+# FailedScheduling messages.
+EXPLANATIONS: tuple[Explanation, ...] = (
+    Explanation("shared-replicas", re.compile(
+        r'invalid allocation request for "(?P<resource>[^"]+)": invalid request: maximum request size for shared '
+        r"resources is 1; found (?P<found>\d+)"), "fail", _shared_replicas),
+    Explanation("cdi-unresolvable", re.compile(
+        r"failed to inject CDI devices: unresolvable CDI devices (?P<devices>[^\s:,;]+)"), "fail", _cdi),
+    Explanation("runtime-handler", re.compile(
+        r'failed to get sandbox runtime: no runtime for "(?P<handler>[^"]+)" is configured'), "fail", _no_handler),
+    Explanation("admission-webhook", re.compile(r"FailedCreate: .*admission webhook"), "warn", _webhook_denied),
+    Explanation("insufficient", re.compile(r"\d+ Insufficient (?P<resource>[\w./-]+?)\.?(?:[\s,]|$)"), "warn",
+                _insufficient),
+    Explanation("selector", re.compile(r"didn't match Pod's node affinity/selector"), "warn", _selector),
+    Explanation("kubelet-admission", re.compile(r"UnexpectedAdmissionError"), "fail", _kubelet_admission),
+)
+
+
+def explain(text: str, clues: Clues) -> tuple[Status, str] | None:
+    """The first explanation whose pattern the text matches: (status, what it means and what to do)."""
+    for explanation in EXPLANATIONS:
+        match = explanation.pattern.search(text)
+        if match is not None:
+            return explanation.status, explanation.meaning(match.groupdict(), clues)
+    return None
 
 
 def _runtime_class_step(snapshot: Snapshot, spec: Json, gpu: bool) -> Step:

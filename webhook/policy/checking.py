@@ -14,6 +14,7 @@ from typing import Any
 
 import jsonpatch
 
+from webhook.policy import inventory as inv
 from webhook.policy.engine import Context, evaluate
 from webhook.policy.findings import Mode, Operation, Verdict
 from webhook.policy.inventory import Snapshot
@@ -98,8 +99,46 @@ def namespace_of(obj: Mapping[str, Any], default: str | None) -> str:
     return str(own or default or "default")
 
 
-def check_sources(policy: Policy, sources: Sequence[tuple[str, str]], namespace: str | None) -> list[Result]:
-    """Judge every object of every (name, text) source; raises ManifestError naming file and line."""
+@dataclass(frozen=True)
+class NodeDump:
+    """A cluster snapshot read from dumped API objects, and what was assumed to build it."""
+
+    snapshot: Snapshot
+    notes: tuple[str, ...] = ()
+
+
+def snapshot_from_objects(policy: Policy, source: str, objects: Sequence[Mapping[str, Any]]) -> NodeDump:
+    """The inventory `check --nodes` and rule cases decide with, from `kubectl get nodes -o json` (a List, or
+    YAML documents; `kubectl get nodes,runtimeclasses,namespaces -o json` adds those). Parsed exactly as the
+    server parses what it watches. A dump without RuntimeClasses takes the ones the rules name to exist (said in
+    the notes), so that offline answers are not about a RuntimeClass nobody dumped. Raises ManifestError when
+    `source` holds no Node."""
+    by_kind: dict[str, list[Mapping[str, Any]]] = {}
+    for obj in objects:
+        by_kind.setdefault(str(obj.get("kind") or ""), []).append(obj)
+    if not by_kind.get("Node"):
+        kinds = ", ".join(sorted(k for k in by_kind if k)) or "nothing"
+        raise ManifestError(f"{source}: holds no Node (found {kinds}); give the output of `kubectl get nodes -o json`")
+    runtime_classes = list(by_kind.get("RuntimeClass", ()))
+    notes: list[str] = []
+    if not runtime_classes:
+        named = sorted({c.runtime_class_name for c in _contributions(policy) if c.runtime_class_name})
+        runtime_classes = [{"kind": "RuntimeClass", "metadata": {"name": name}, "handler": name} for name in named]
+        if named:
+            notes.append(f"{source} has no RuntimeClass: taken to exist: {', '.join(named)} (add "
+                         "`kubectl get runtimeclasses -o json` to the dump to check them)")
+    snapshot = inv.snapshot_from_api(by_kind["Node"], runtime_classes, by_kind.get("Namespace", ()))
+    return NodeDump(snapshot, tuple(notes))
+
+
+def _contributions(policy: Policy) -> list[Any]:
+    return [policy.common, *(c for axis in policy.axes for c in axis.values.values())]
+
+
+def check_sources(policy: Policy, sources: Sequence[tuple[str, str]], namespace: str | None,
+                  inventory: Snapshot | None = None) -> list[Result]:
+    """Judge every object of every (name, text) source; raises ManifestError naming file and line. With
+    `inventory` (`check --nodes`), the cluster-aware checks run as in the server."""
     results = []
     for source, text in sources:
         for manifest in read_manifests(source, text):
@@ -108,18 +147,20 @@ def check_sources(policy: Policy, sources: Sequence[tuple[str, str]], namespace:
                 raise ManifestError(f"{manifest.where()}: {'; '.join(problems)}; fix the manifest "
                                     "(the API server would refuse it)")
             ns = namespace_of(manifest.obj, namespace)
-            outcome = decide(policy, manifest.obj, ns)
-            results.append(Result(manifest, ns, outcome, _template_preview(policy, manifest.obj, ns, outcome)))
+            outcome = decide(policy, manifest.obj, ns, inventory=inventory)
+            results.append(Result(manifest, ns, outcome, _template_preview(policy, manifest.obj, ns, outcome,
+                                                                                  inventory)))
     return results
 
 
-def _template_preview(policy: Policy, obj: Mapping[str, Any], namespace: str, outcome: Outcome) -> tuple[str, ...]:
+def _template_preview(policy: Policy, obj: Mapping[str, Any], namespace: str, outcome: Outcome,
+                      inventory: Snapshot | None = None) -> tuple[str, ...]:
     """For a workload whose template is not mutated: what each Pod it creates will receive at admission."""
     if policy.mutate_templates or obj.get("kind") in (None, "Pod") or obj.get("kind") not in KNOWN_KINDS:
         return ()
     if not outcome.verdict.allowed or outcome.verdict.gpu_class is None:
         return ()
-    preview = decide(dataclasses.replace(policy, mutate_templates=True), obj, namespace)
+    preview = decide(dataclasses.replace(policy, mutate_templates=True), obj, namespace, inventory=inventory)
     return tuple(describe_edits(preview.patch))
 
 

@@ -13,13 +13,14 @@ nothing but its arguments. The checks, in the order a person would fix them:
    out, with a warning when the Pod names a GPU no value covers. The class must exist, the namespace may
    use it, the effective GPU count fits it, and what the developer wrote agrees with it;
 4. GPU access the scheduler does not see (GPU env, runtime class or taint toleration without a request);
-5. then, for GPU Pods on CREATE: the class's nodeSelector, tolerations and other fields as edits (the
+5. with cluster awareness (`Context.inventory`): defaults no live GPU node satisfies are held back, then
+   the class is checked against the nodes (`webhook.policy.inventory`: capacity, runtime class, time-sliced GPUs);
+6. then, for GPU Pods on CREATE: the class's nodeSelector, tolerations and other fields as edits (the
    mutating endpoint), or, at the validating endpoint, a violation when they are missing.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -29,7 +30,15 @@ from webhook.policy import inventory, pods, quantity, selection
 from webhook.policy.findings import Edit, Finding, Mode, Operation, Verdict
 from webhook.policy.inventory import Snapshot
 from webhook.policy.pods import ContainerRef, PodSpecRef, render_path
-from webhook.policy.rules import ANNOTATION_PREFIX, Axis, Contribution, GPUResource, NamespacePolicy, Policy
+from webhook.policy.rules import (
+    ANNOTATION_PREFIX,
+    Axis,
+    Contribution,
+    Expression,
+    GPUResource,
+    NamespacePolicy,
+    Policy,
+)
 from webhook.policy.selection import NO_SELECTION, Term
 
 MIRROR_ANNOTATION = "kubernetes.io/config.mirror"
@@ -222,48 +231,106 @@ def _check_inventory(policy: Policy, ref: PodSpecRef, chosen: ChosenClass, edits
     if spared is not chosen:
         chosen, edits = spared, _class_edits(policy, ref, spared)
     judged = edits if mode == "mutate" else [e for e in edits if not _is_runtime_edit(ref, e)]
-    result = inventory.assess(snapshot, inventory.placement(ref.spec, ref.spec_path, judged), requests, chosen.name)
+    where = inventory.placement(ref.spec, ref.spec_path, judged)
+    result = inventory.assess(snapshot, where, requests, chosen.name)
     for rule, message in result.findings:
         out.add(rule, message)
+    runtime = snapshot.runtime_classes.get(where.runtime_class or "") if result.keep_runtime_class else None
+    _check_shared_gpus(policy, snapshot, inventory.with_runtime_class(where, runtime), requests, per_resource, out)
     return chosen, edits, result.keep_runtime_class
+
+
+def _check_shared_gpus(policy: Policy, snapshot: Snapshot, where: inventory.Placement, requests: Mapping[str, int],
+                       per_resource: Mapping[str, list[tuple[ContainerRef, int]]], out: _Collector) -> None:
+    """gpu-time-sliced-max for each container; one already over its resource's `maxPerContainer` is
+    `gpu-per-container-max`'s (nvidia.com/gpu.shared in the packaged rules)."""
+    for name, count in requests.items():
+        resource = policy.gpu_resource(name)
+        cap = resource.max_per_container if resource is not None else None
+        containers = [(cref.where(), n) for cref, n in per_resource[name] if cap is None or n <= cap]
+        for rule, message in inventory.time_sliced_findings(snapshot, where, name, count, containers):
+            out.add(rule, message)
 
 
 def _spare_nodes(ref: PodSpecRef, chosen: ChosenClass, snapshot: Snapshot, resources: Sequence[str],
                  out: _Collector) -> ChosenClass:
     """No harm on the live nodes: hold back, axis by axis, a default's nodeSelector that would leave the Pod
-    none of the GPU nodes its own selection matches (and say so). A value the Pod chose itself is kept (a class
-    label that matches no node is `gpu-class-no-node`'s to report). The class, unchanged when nothing is held."""
+    none of the Ready GPU nodes it could use: those its own selection matches, or, for a Pod that chose no
+    nodes, every Ready node that advertises its GPU resource (and say so). A value the Pod chose itself is kept
+    (a class label that matches no node is `gpu-class-no-node`'s to report), and so is every default some of
+    those nodes satisfy. The class, unchanged when nothing is held."""
     written = inventory.placement(ref.spec, ref.spec_path)
-    if not written.node_selector and not written.node_affinity:
-        return chosen  # a Pod that chose no nodes gets the platform's defaults (gpu-class-no-node tells if none fit)
-    matched = [n for n in snapshot.nodes if any(n.offers(r) > 0 for r in resources) and inventory.selects(n, written)]
-    if not matched:
-        return chosen  # the Pod as written matches no GPU node: the capacity checks say so
+    if next(inventory.hosting_nodes(snapshot, written, resources), None) is None:
+        return chosen  # no Ready node advertises the GPU, or the Pod as written matches none: the capacity checks
+    plain = not written.node_selector and not written.node_affinity
     selector = dict(written.node_selector)
+    expressions: list[Expression] = []
     picks: list[Pick] = []
     held = False
     for pick in chosen.picks:
-        wanted = {k: v for k, v in pick.axis.values[pick.value].node_selector.items() if k not in selector}
-        if not pick.defaulted or not pick.inject or not wanted:  # the Pod's own choice is kept: its label
-            picks.append(pick)
+        value = pick.axis.values[pick.value]
+        wanted = {k: v for k, v in value.node_selector.items() if k not in selector}
+        if not pick.defaulted or not pick.inject or not (wanted or value.match_expressions):
+            picks.append(pick)  # the Pod's own choice is kept: its label
             continue
-        trial = dataclasses.replace(written, node_selector={**selector, **wanted})
-        if any(inventory.selects(n, trial) for n in matched):
+        affinity = (inventory.with_expressions(written.node_affinity, [*expressions, *value.match_expressions])
+                    if value.match_expressions or expressions else written.node_affinity)
+        trial = inventory.Placement({**selector, **wanted}, written.tolerations, affinity, written.runtime_class,
+                                    written.runtime_class_injected)
+        if next(inventory.hosting_nodes(snapshot, trial, resources), None) is not None:
             selector.update(wanted)
+            expressions.extend(value.match_expressions)
             picks.append(pick)
             continue
         held = True
         picks.append(pick._replace(inject=False))
-        shown = ", ".join(n.name for n in matched[:3])
-        theirs = [v for v, c in pick.axis.values.items() if c.node_selector and any(
-            all(n.labels.get(k) == want for k, want in c.node_selector.items()) for n in matched)]
-        fix = (f"label the Pod {pick.axis.label}={' or '.join(theirs)}" if theirs else
-               f"label those nodes {', '.join(f'{k}={v}' for k, v in sorted(wanted.items()))}")
-        out.add("gpu-class-skipped",
-                f"{pick.axis.name} {pick.value} (from the {pick.how}) was not applied: its nodeSelector "
-                f"{', '.join(f'{k}={v}' for k, v in sorted(wanted.items()))} would leave the Pod no node, while as "
-                f"written it matches {len(matched)} GPU node{'s' if len(matched) != 1 else ''} ({shown}); {fix}")
+        matched = list(inventory.hosting_nodes(snapshot, written, resources))  # for the message only
+        out.add("gpu-class-skipped", _held_back(pick, wanted, matched, plain))
     return ChosenClass.of(picks, chosen.skipped) if held else chosen
+
+
+def _held_back(pick: Pick, wanted: Mapping[str, str], matched: Sequence[inventory.Node], plain: bool) -> str:
+    """Why a default's nodeSelector was not applied: the value, the GPUs the live nodes have, and the fix."""
+    axis = pick.axis
+    shown = ", ".join(n.name for n in matched[:3])
+    nodes = f"{len(matched)} GPU node{'s' if len(matched) != 1 else ''} ({shown})"
+    placing = [*(f"{k}={v}" for k, v in sorted(wanted.items())), *map(str, axis.values[pick.value].match_expressions)]
+    wanted_text = ", ".join(placing)
+    theirs = [v for v, c in axis.values.items() if (c.node_selector or c.match_expressions) and any(
+        inventory.value_selects(n, c.node_selector, c.match_expressions) for n in matched)]
+    if not plain:
+        fix = (f"label the Pod {axis.label}={' or '.join(theirs)}" if theirs else
+               f"label those nodes {wanted_text}")
+        return (f"{axis.name} {pick.value} (from the {pick.how}) was not applied: its nodeSelector {wanted_text} "
+                f"would leave the Pod no node, while as written it matches {nodes}; {fix}")
+    gpus = inventory.describe_products(matched)
+    # kubectl shows a warning's first and last words: what was held back first, the fix last.
+    head = (f"{axis.name} {pick.value} not applied (from the {pick.how}): no Ready node that advertises the Pod's "
+            f"GPU resource has {wanted_text}, so the Pod would stay Pending; it may go to any of the {nodes}, which "
+            f"have {gpus}")
+    if theirs:
+        return head + (f"; or label the Pod {axis.label}={' or '.join(theirs)}; "
+                       f"set {_default_field(pick)}: {theirs[0]}")
+    product = inventory.product_of(matched[0])
+    if inventory.PRODUCT_LABEL in axis.keys and product:
+        slug = inventory.product_slug(product)
+        return head + (f"; GPU feature discovery's label selects them: spec.classes.axes.{axis.name}.values.{slug}: "
+                       f"{{nodeSelector: {{{inventory.PRODUCT_LABEL}: {product}}}}}; add {axis.name} value {slug} to "
+                       f"the rules, as the default")
+    return head + f"; or change {_default_field(pick)} in the rules; label those nodes {wanted_text}"
+
+
+def _default_field(pick: Pick) -> str:
+    """The rule-file field that set a default `pick` (see `_default`)."""
+    axis = pick.axis.name
+    if pick.how.startswith("default of "):
+        other, value = pick.how.removeprefix("default of ").split(" ", 1)
+        return f"spec.classes.axes.{other}.values.{value}.defaults.{axis}"
+    if "(namespaceSelectors." in pick.how:
+        return f"spec.namespaceSelectors.{pick.how.split('(namespaceSelectors.')[1].rstrip(')')}.defaults.{axis}"
+    if pick.how.startswith("namespace "):
+        return f"spec.namespaces.{pick.how.split(' ')[1]}.defaults.{axis}"
+    return f"spec.classes.axes.{axis}.default"
 
 
 def _is_runtime_edit(ref: PodSpecRef, edit: Edit) -> bool:
@@ -596,6 +663,7 @@ class ClassPlan:
     tolerations: tuple[Mapping[str, Any], ...]
     fields: tuple[tuple[str, str], ...]
     node_affinity: Mapping[str, Any] | None
+    match_expressions: tuple[Expression, ...]  # added to every required nodeSelectorTerm of the Pod
     labels: Mapping[str, str]
     annotations: Mapping[str, str]
     cap: tuple[int, str] | None  # the class maximum and the axis value that sets it
@@ -627,9 +695,10 @@ def _plan(policy: Policy, chosen: ChosenClass) -> ClassPlan:
         for name, value in c.annotations.items():
             annotations.setdefault(name, value)
     affinity = next((c.node_affinity for c in placing if c.node_affinity), None)
+    expressions = tuple(dict.fromkeys(e for c in placing for e in c.match_expressions))
     caps = [(c.max_gpus_per_pod, source) for source, c, _ in chosen.contributions() if c.max_gpus_per_pod]
     required = [(k, v, source) for source, c, _ in chosen.contributions() for k, v in _class_fields(c)]
-    plan = ClassPlan(selector, tuple(tolerations), tuple(fields.items()), affinity, labels, annotations,
+    plan = ClassPlan(selector, tuple(tolerations), tuple(fields.items()), affinity, expressions, labels, annotations,
                      min(caps) if caps else None, tuple(required))
     if len(policy.plans) < 1024:
         policy.plans[key] = plan
@@ -659,7 +728,9 @@ def _class_edits(policy: Policy, ref: PodSpecRef, chosen: ChosenClass) -> list[E
                 # The Priority plugin refuses a Pod whose integer priority was computed before the class name
                 # was set; dropping it lets the plugin recompute both on reinvocation.
                 edits.extend(Edit("remove", path, f) for f in ("priority", "preemptionPolicy") if f in spec)
-    if plan.node_affinity and "nodeAffinity" not in pods.mapping(spec.get("affinity")):
+    if plan.match_expressions:
+        edits.extend(_affinity_edits(spec, path, plan))
+    elif plan.node_affinity and "nodeAffinity" not in pods.mapping(spec.get("affinity")):
         edits.append(Edit("set", (*path, "affinity"), "nodeAffinity", dict(plan.node_affinity)))
     for part, wanted_map in (("labels", plan.labels), ("annotations", plan.annotations)):
         if wanted_map:
@@ -672,6 +743,35 @@ def _class_edits(policy: Policy, ref: PodSpecRef, chosen: ChosenClass) -> list[E
             edits.append(Edit("set", annotations_path, CLASS_ANNOTATION, chosen.name))
         if RULES_ANNOTATION not in annotations:
             edits.append(Edit("set", annotations_path, RULES_ANNOTATION, policy.digest))
+    return edits
+
+
+def _affinity_edits(spec: Mapping[str, Any], path: pods.Path, plan: ClassPlan) -> list[Edit]:
+    """The class's matchExpressions in every required nodeSelectorTerm of the Pod, as edits that keep what the Pod
+    wrote: a Pod without node affinity gets the class's (its `affinity` too, if any) with the expressions in each
+    term; one without required terms gets a term of them; each of its terms gets the expressions it lacks.
+    Idempotent: an expression a term already has is not added again."""
+    node_affinity = pods.mapping(spec.get("affinity")).get("nodeAffinity")
+    affinity_path = (*path, "affinity")
+    if not isinstance(node_affinity, dict):
+        return [Edit("set", affinity_path, "nodeAffinity",
+                     inventory.with_expressions(plan.node_affinity, plan.match_expressions))]
+    required = node_affinity.get(inventory.REQUIRED)
+    terms = required.get("nodeSelectorTerms") if isinstance(required, dict) else None
+    required_path = (*affinity_path, "nodeAffinity", inventory.REQUIRED)
+    if not isinstance(terms, list) or not terms:
+        merged = inventory.with_expressions(None, plan.match_expressions)[inventory.REQUIRED]
+        if isinstance(required, dict):
+            return [Edit("set", required_path, "nodeSelectorTerms", merged["nodeSelectorTerms"])]
+        return [Edit("set", required_path[:-1], inventory.REQUIRED, merged)]
+    edits: list[Edit] = []
+    wanted = [e.to_api() for e in plan.match_expressions]
+    for index, term in enumerate(terms):
+        if not isinstance(term, dict) or not (term.get("matchExpressions") or term.get("matchFields")):
+            continue  # an empty term matches no node: it stays so
+        have: list[Any] = term.get("matchExpressions") or []
+        edits.extend(Edit("append", (*required_path, "nodeSelectorTerms", index, "matchExpressions"), None, e)
+                     for e in wanted if not any(inventory.same_expression(h, e) for h in have))
     return edits
 
 
@@ -704,7 +804,12 @@ def _require_class(ref: PodSpecRef, chosen: ChosenClass, edits: Sequence[Edit], 
     """At /validate: what the mutating webhook would have added must already be there."""
     selectors = [f"{e.key}={e.value}" for e in edits if e.path[-1:] == ("nodeSelector",)]
     missing = [f"nodeSelector {', '.join(selectors)}"] if selectors else []
+    if any(e.path[len(ref.spec_path):][:1] == ("affinity",) for e in edits):
+        wanted = dict.fromkeys(e for _, c, inject in chosen.contributions() if inject for e in c.match_expressions)
+        missing.append("in every required node affinity term: " + (", ".join(map(str, wanted)) or "the class's"))
     for edit in edits:
+        if edit.path[len(ref.spec_path):][:1] == ("affinity",):
+            continue
         if edit.kind == "append":
             tol = edit.value
             missing.append(f"toleration {tol.get('key', '*')}{'=' + tol['value'] if tol.get('value') else ''}"

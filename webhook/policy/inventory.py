@@ -16,14 +16,15 @@ findings as (rule id, message). `webhook.cluster.kube` fills snapshots from the 
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+import copy
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from webhook.policy import quantity
 from webhook.policy.findings import Edit
 from webhook.policy.pods import Path, mapping
-from webhook.policy.rules import Policy
+from webhook.policy.rules import Expression, Policy
 
 PRODUCT_LABEL = "nvidia.com/gpu.product"
 GPU_PRESENT_LABEL = "nvidia.com/gpu.present"
@@ -31,12 +32,16 @@ WHOLE_GPU = "nvidia.com/gpu"
 SHARED_GPU = "nvidia.com/gpu.shared"
 MIG_PREFIX = "nvidia.com/mig-"
 SHARED_SUFFIX = "-SHARED"
+SHARING_LABEL = "nvidia.com/gpu.sharing-strategy"  # GFD: none | time-slicing | mps
+REPLICAS_LABEL = "nvidia.com/gpu.replicas"  # GFD: how many Pods share each GPU (1: whole GPUs)
+SHARING_STRATEGIES = frozenset({"time-slicing", "mps"})
 MIG_INFIX = "-MIG-"
 HARD_EFFECTS = frozenset({"NoSchedule", "NoExecute"})
 # Taints the node lifecycle controller adds for a while (NotReady, cordoned, pressure): not a property of
 # the node's size, so they never make a Pod "never schedulable".
 TRANSIENT_TAINT_PREFIX = "node.kubernetes.io/"
 _SHOWN = 3  # nodes named in one message
+REQUIRED = "requiredDuringSchedulingIgnoredDuringExecution"
 
 Finding = tuple[str, str]  # (rule id, message)
 
@@ -218,26 +223,85 @@ class Placement:
     runtime_class_injected: bool
 
     def describe_selector(self) -> str:
-        return ", ".join(f"{k}={v}" for k, v in sorted(self.node_selector.items())) or "(none)"
+        """`gpu-type=t4, workload=inference`, and the label keys its required node affinity constrains."""
+        text = ", ".join(f"{k}={v}" for k, v in sorted(self.node_selector.items())) or "(none)"
+        terms = _list(mapping(mapping(self.node_affinity).get(REQUIRED)).get("nodeSelectorTerms"))
+        keys = dict.fromkeys(str(mapping(e).get("key"))
+                             for t in terms for e in _list(mapping(t).get("matchExpressions")))
+        return text + (f"; required node affinity on {', '.join(keys)}" if keys else "")
 
 
 def placement(spec: Mapping[str, Any], spec_path: Path, edits: Sequence[Edit] = ()) -> Placement:
     """The pod spec's nodeSelector, tolerations, node affinity and runtime class after `edits`."""
     selector = _strings(spec.get("nodeSelector"))
     tolerations = [dict(t) for t in _list(spec.get("tolerations")) if isinstance(t, dict)]
-    affinity = mapping(mapping(spec.get("affinity")).get("nodeAffinity")) or None
+    written = mapping(spec.get("affinity"))
     runtime = spec.get("runtimeClassName") if isinstance(spec.get("runtimeClassName"), str) else None
     injected = False
+    affinity_path = (*spec_path, "affinity")
+    edited: dict[str, Any] | None = None  # a copy of the Pod's affinity, made only when an edit changes it
     for edit in edits:
         if edit.path == (*spec_path, "nodeSelector") and edit.kind == "set" and edit.key:
             selector.setdefault(edit.key, str(edit.value))
         elif edit.path == (*spec_path, "tolerations") and edit.kind == "append" and isinstance(edit.value, dict):
             tolerations.append(dict(edit.value))
-        elif edit.path == (*spec_path, "affinity") and edit.key == "nodeAffinity" and affinity is None:
-            affinity = mapping(edit.value) or None
+        elif edit.path[:len(affinity_path)] == affinity_path:
+            edited = copy.deepcopy(dict(written)) if edited is None else edited
+            _apply(edited, edit.path[len(affinity_path):], edit)
         elif edit.path == spec_path and edit.key == "runtimeClassName" and edit.kind == "set":
             runtime, injected = str(edit.value), True
+    affinity = mapping((written if edited is None else edited).get("nodeAffinity")) or None
     return Placement(selector, tuple(tolerations), affinity, runtime or None, injected)
+
+
+def _apply(root: dict[str, Any], path: Sequence[str | int], edit: Edit) -> None:
+    """One edit below the Pod's `affinity`, as the JSON Patch will apply it (missing maps and lists created)."""
+    node: Any = root
+    for depth, step in enumerate(path):
+        last = depth == len(path) - 1
+        if isinstance(node, list) and isinstance(step, int) and step < len(node):
+            node = node[step]
+        elif isinstance(node, dict):
+            node = node.setdefault(str(step), [] if last and edit.kind == "append" else {})
+        else:
+            return
+    if edit.kind == "append" and isinstance(node, list):
+        node.append(copy.deepcopy(edit.value))
+    elif edit.kind == "set" and isinstance(node, dict) and edit.key is not None:
+        node[edit.key] = copy.deepcopy(edit.value)
+
+
+def with_expressions(node_affinity: Mapping[str, Any] | None, expressions: Sequence[Expression]) -> dict[str, Any]:
+    """A nodeAffinity whose required terms all hold `expressions` too (one term of them when it has none).
+
+    Kubernetes ANDs a Pod's nodeSelector with its required node affinity and ORs the nodeSelectorTerms, so an
+    expression that must hold whatever else the Pod selects goes into every term. An empty term matches no
+    node and stays empty."""
+    merged = copy.deepcopy(dict(node_affinity or {}))
+    required = merged.setdefault(REQUIRED, {})
+    terms = required.get("nodeSelectorTerms") if isinstance(required, dict) else None
+    wanted = [e.to_api() for e in expressions]
+    if not isinstance(terms, list) or not terms:
+        merged[REQUIRED] = {**(required if isinstance(required, dict) else {}),
+                            "nodeSelectorTerms": [{"matchExpressions": wanted}]}
+        return merged
+    for term in terms:
+        if isinstance(term, dict) and (term.get("matchExpressions") or term.get("matchFields")):
+            have = term.setdefault("matchExpressions", [])
+            have.extend(e for e in wanted if not any(same_expression(h, e) for h in have))
+    return merged
+
+
+def same_expression(have: Any, want: Mapping[str, Any]) -> bool:
+    """Whether a Pod's expression already says `want` (values in any order)."""
+    return (isinstance(have, dict) and have.get("key") == want["key"] and have.get("operator") == want["operator"]
+            and sorted(map(str, _list(have.get("values")))) == sorted(want.get("values") or []))
+
+
+def value_selects(node: Node, selector: Mapping[str, str], expressions: Sequence[Expression]) -> bool:
+    """Whether a class value's nodeSelector and matchExpressions both hold on the node."""
+    return (all(node.labels.get(k) == v for k, v in selector.items())
+            and all(label_matches(node.labels.get(e.key), e.operator, e.values) for e in expressions))
 
 
 def with_runtime_class(where: Placement, runtime_class: RuntimeClass | None) -> Placement:
@@ -283,7 +347,7 @@ def selector_mismatches(node: Node, selector: Mapping[str, str]) -> list[str]:
 
 def affinity_matches(node: Node, affinity: Mapping[str, Any] | None) -> bool:
     """requiredDuringSchedulingIgnoredDuringExecution: any term, all of its expressions."""
-    required = mapping(mapping(affinity).get("requiredDuringSchedulingIgnoredDuringExecution"))
+    required = mapping(mapping(affinity).get(REQUIRED))
     terms = [mapping(t) for t in _list(required.get("nodeSelectorTerms"))]
     if not terms:
         return True
@@ -334,6 +398,36 @@ def eligible_nodes(snapshot: Snapshot, where: Placement, resource: str) -> list[
         n for n in snapshot.nodes
         if n.ready and n.offers(resource) > 0 and selects(n, where) and not untolerated(n, where.tolerations)
     ]
+
+
+def hosting_nodes(snapshot: Snapshot, where: Placement, resources: Sequence[str]) -> Iterator[Node]:
+    """Ready nodes that advertise one of `resources` and that the placement selects (taints aside: the class
+    adds its tolerations), lazily: "is there one?" stops at the first. The nodes a default must leave the Pod."""
+    return (n for n in snapshot.nodes if n.ready and any(n.offers(r) > 0 for r in resources) and selects(n, where))
+
+
+def product_of(node: Node) -> str:
+    """GPU feature discovery's product label of the node ("" when it has none)."""
+    return node.labels.get(PRODUCT_LABEL, "")
+
+
+def product_slug(product: str) -> str:
+    """A class value name for a GFD product: `NVIDIA-H200-SHARED` -> `h200`, `Tesla-T4` -> `t4`."""
+    name = product.split(MIG_INFIX)[0].removesuffix(SHARED_SUFFIX)
+    for prefix in ("NVIDIA-", "Tesla-"):
+        name = name.removeprefix(prefix)
+    return name.lower().replace("_", "-") or "gpu"
+
+
+def describe_products(nodes: Sequence[Node]) -> str:
+    """The GPUs of `nodes` by GFD's product label: `NVIDIA-H200 (kit-gpu-node)`, or a note when unlabelled."""
+    by_product: dict[str, list[str]] = {}
+    for node in nodes:
+        by_product.setdefault(product_of(node), []).append(node.name)
+    parts = [f"{product or f'no {PRODUCT_LABEL} label'} ({', '.join(names[:_SHOWN])}"
+             f"{f' and {len(names) - _SHOWN} more' if len(names) > _SHOWN else ''})"
+             for product, names in sorted(by_product.items())]
+    return "; ".join(parts)
 
 
 # --------------------------------------------------------------------------------------------- decisions
@@ -469,6 +563,41 @@ def _product_suffix_reason(offering: Sequence[Node], selector: Mapping[str, str]
             return (f"{node.name} has {PRODUCT_LABEL}={have}: MIG single mode appends the profile to the product "
                     f"label; select {have} in the class")
     return None
+
+
+def sharing(node: Node) -> str | None:
+    """How GPU feature discovery says the node shares each GPU (`time-slicing, nvidia.com/gpu.replicas=4`), or None
+    for whole GPUs. The labels describe `nvidia.com/gpu` and, renamed, `nvidia.com/gpu.shared` alike."""
+    strategy = node.labels.get(SHARING_LABEL, "")
+    raw = node.labels.get(REPLICAS_LABEL, "")
+    replicas = int(raw) if raw.isdigit() else 1
+    if strategy not in SHARING_STRATEGIES and replicas <= 1:
+        return None
+    return ", ".join(part for part in (strategy if strategy in SHARING_STRATEGIES else "",
+                                       f"{REPLICAS_LABEL}={raw}" if replicas > 1 else "") if part)
+
+
+def time_sliced_findings(snapshot: Snapshot, where: Placement, resource: str, count: int,
+                         containers: Sequence[tuple[str, int]]) -> list[Finding]:
+    """gpu-time-sliced-max: a container asks for more than 1 of a GPU resource while every node the Pod can land
+    on shares its GPUs (time-slicing or MPS). Those nodes are the eligible ones (Ready, selected, tolerated,
+    advertising the resource) that can hold the Pod's `count`: the scheduler binds it to no other, and when one
+    of them has whole GPUs the Pod can run there. `containers`: (where, count) of each container."""
+    over = [(at, n) for at, n in containers if n > 1]
+    if resource not in (WHOLE_GPU, SHARED_GPU) or not over:
+        return []
+    landing = [n for n in eligible_nodes(snapshot, where, resource) if n.offers(resource) >= count]
+    shared = [(n, how) for n in landing if (how := sharing(n)) is not None]
+    if not landing or len(shared) != len(landing):
+        return []
+    nodes = " | ".join(f"{n.name}: {how}" for n, how in shared[:_SHOWN])
+    return [("gpu-time-sliced-max",
+             f"{at}: asks for {n} {resource}, but every node the Pod can land on shares its GPUs ({nodes}): each "
+             f"{resource} there is a replica of a GPU, so {n} replicas give the container no more than 1 does, and "
+             f"a device plugin with failRequestsGreaterThanOne makes the kubelet fail the Pod "
+             f"(UnexpectedAdmissionError: maximum request size for shared resources is 1); ask for 1, or pick a "
+             f"class of whole GPUs")
+            for at, n in over]
 
 
 # --------------------------------------------------------------------------------------------- DRA

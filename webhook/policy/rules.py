@@ -58,6 +58,8 @@ RULES: dict[str, tuple[Enforcement, str]] = {
     "gpu-toleration-without-request": ("warn", "the GPU taint is tolerated without a GPU request"),
     "gpu-node-name-preset": ("warn", "a GPU Pod with spec.nodeName set bypasses the scheduler"),
     "gpu-never-schedulable": ("deny", "no Ready node of the Pod's class could ever hold its GPU request"),
+    "gpu-time-sliced-max": ("deny", "more than 1 of a GPU resource in a container where every node the Pod can "
+                                    "land on shares its GPUs by time-slicing or MPS"),
     "gpu-class-no-node": ("warn", "the class's nodeSelector matches no node advertising the requested GPU"),
     "gpu-runtime-class-missing": ("warn", "the default runtime class is missing or contradicts the class"),
     "gpu-inventory-unavailable": ("warn", "cluster inventory not synced: inventory checks skipped"),
@@ -79,6 +81,7 @@ class LabelValues:
     certain: bool = False
     literals: frozenset[str] = frozenset()
     globs: re.Pattern[str] | None = None
+    expressions: tuple[Expression, ...] = ()  # the value's matchExpressions on the key (then no patterns)
 
     @classmethod
     def of(cls, key: str, patterns: Sequence[str], certain: bool = False) -> LabelValues:
@@ -86,12 +89,41 @@ class LabelValues:
         globbed = [fnmatch.translate(p) for p in patterns if _is_glob(p)]
         return cls(key, tuple(patterns), certain, literals, re.compile("|".join(globbed)) if globbed else None)
 
+    @classmethod
+    def of_expressions(cls, key: str, expressions: Sequence[Expression]) -> LabelValues:
+        """The key's values on the nodes a value's matchExpressions select: its `In` values when it lists some
+        (every node of the value then carries one of them), else whatever the expressions admit."""
+        listed = [frozenset(e.values) for e in expressions if e.operator == "In"]
+        literals = frozenset.intersection(*listed) if listed else frozenset()
+        certain = any(e.operator in ("In", "Exists", "Gt", "Lt") for e in expressions)
+        return cls(key, (), certain, literals, None, tuple(expressions))
+
     def matches(self, value: str) -> bool:
+        """A literal or glob of the key's patterns (a value placed by expressions: `webhook.policy.selection`)."""
         return value in self.literals or (self.globs is not None and self.globs.match(value) is not None)
 
 
 def _is_glob(pattern: str) -> bool:
     return "*" in pattern or "?" in pattern
+
+
+@dataclass(frozen=True)
+class Expression:
+    """One node selector requirement (`key operator values`) of a class value's `matchExpressions`."""
+
+    key: str
+    operator: str  # In | NotIn | Exists | DoesNotExist | Gt | Lt
+    values: tuple[str, ...] = ()
+
+    def to_api(self) -> dict[str, Any]:
+        """As a Pod's nodeSelectorTerms hold it (no `values` for Exists and DoesNotExist)."""
+        found: dict[str, Any] = {"key": self.key, "operator": self.operator}
+        if self.operator not in ("Exists", "DoesNotExist"):
+            found["values"] = list(self.values)
+        return found
+
+    def __str__(self) -> str:
+        return f"{self.key} {self.operator}{' [' + ', '.join(self.values) + ']' if self.values else ''}"
 
 
 @dataclass(frozen=True)
@@ -101,6 +133,7 @@ class Contribution:
     node_selector: Mapping[str, str] = field(default_factory=dict)
     tolerations: tuple[Mapping[str, Any], ...] = ()
     node_affinity: Mapping[str, Any] | None = None
+    match_expressions: tuple[Expression, ...] = ()  # added to every nodeSelectorTerm of the Pod
     runtime_class_name: str | None = None
     priority_class_name: str | None = None
     scheduler_name: str | None = None
@@ -404,6 +437,7 @@ def _build(spec: Mapping[str, Any], origin: _Origin, sources: tuple[str, ...]) -
             for key in sorted(set(raw.get("aliases") or ()) & set(raw.get("nodeSelector") or ())):
                 raise fail((*base, "values", value, "aliases", key),
                            f'"{key}" is already this value\'s nodeSelector key; an alias names other keys: remove it')
+            _check_expressions(raw, (*base, "values", value), fail)
             for other, chosen in contribution.defaults.items():
                 target = by_name.get(other)
                 where: tuple[str, ...] = (*base, "values", value, "defaults", other)
@@ -462,6 +496,7 @@ def _build(spec: Mapping[str, Any], origin: _Origin, sources: tuple[str, ...]) -
             unknown = sorted(values - set(found.values))
             if unknown:
                 raise fail(where, f'"{unknown[0]}" is not a {axis_name} value; choose from {", ".join(found.values)}')
+    _check_expressions(classes.get("common") or {}, ("spec", "classes", "common"), fail)
     common = _contribution(classes.get("common") or {})
     runtime_classes = set(spec.get("gpuRuntimeClasses") or [])
     usage = usage_rules(spec.get("usage") or {}, fail, lambda name: any(r.matches(name) for r in resources),
@@ -484,6 +519,22 @@ def _build(spec: Mapping[str, Any], origin: _Origin, sources: tuple[str, ...]) -
     )
 
 
+def _check_expressions(raw: Mapping[str, Any], base: tuple[str, ...], fail: Any) -> None:
+    """What the schema cannot say of matchExpressions: the values each operator needs, one key per source."""
+    seen = set(raw.get("nodeSelector") or ()) | set(raw.get("aliases") or ())
+    for index, expr in enumerate(raw.get("matchExpressions") or ()):
+        where = (*base, "matchExpressions", str(index))
+        op, values, key = expr["operator"], expr.get("values") or [], expr["key"]
+        if op in ("In", "NotIn") and not values:
+            raise fail(where, f"{key} {op} needs at least one value; list the exact label values (In matches no glob)")
+        if op in ("Exists", "DoesNotExist") and values:
+            raise fail(where, f"{key} {op} takes no values; remove them")
+        if op in ("Gt", "Lt") and (len(values) != 1 or not re.fullmatch(r"-?[0-9]+", str(values[0]))):
+            raise fail(where, f"{key} {op} needs exactly one integer value (nvidia.com/gpu.memory is in MiB: 81920)")
+        if key in seen:
+            raise fail(where, f'"{key}" is already this value\'s nodeSelector or alias key; say it in one place')
+
+
 def _axis(name: str, body: Mapping[str, Any]) -> Axis:
     values = {value: _contribution(c) for value, c in body["values"].items()}
     keys = set(body.get("nodeLabels") or ())
@@ -499,10 +550,15 @@ def _contribution(body: Mapping[str, Any]) -> Contribution:
     for key, patterns in (body.get("aliases") or {}).items():
         if key not in aliases:
             aliases[key] = LabelValues.of(key, [str(p) for p in patterns])
+    expressions = tuple(Expression(str(e["key"]), str(e["operator"]), tuple(str(v) for v in e.get("values") or ()))
+                        for e in body.get("matchExpressions") or ())
+    for key in dict.fromkeys(e.key for e in expressions):
+        aliases.setdefault(key, LabelValues.of_expressions(key, [e for e in expressions if e.key == key]))
     return Contribution(
         node_selector=selector,
         tolerations=tuple(dict(t) for t in body.get("tolerations") or ()),
         node_affinity=affinity.get("nodeAffinity"),
+        match_expressions=expressions,
         runtime_class_name=body.get("runtimeClassName"),
         priority_class_name=body.get("priorityClassName"),
         scheduler_name=body.get("schedulerName"),

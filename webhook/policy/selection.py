@@ -90,10 +90,13 @@ def satisfiable(found: LabelValues | None, requirements: Sequence[Requirement]) 
     """Whether some node of a value, carrying `found` for the key (None: the value's nodes lack it), satisfies
     every requirement on that key. An alias key may be missing on a node of its value (a GKE node has no
     Karpenter label); the value's own nodeSelector key never is."""
-    if (found is None or not found.certain) and all(r.holds(None) for r in requirements):
+    if (found is None or not found.certain) and all(r.holds(None) for r in requirements) and (
+            found is None or all(label_matches(None, e.operator, e.values) for e in found.expressions)):
         return True  # a node of the value without the key
     if found is None:
         return False
+    if found.expressions:
+        return _expressions_meet(found, requirements)
     witnesses = set(found.literals)
     for r in requirements:
         if r.operator == "In":
@@ -102,6 +105,24 @@ def satisfiable(found: LabelValues | None, requirements: Sequence[Requirement]) 
         return True
     # A glob also matches values no requirement lists: never a number, never one of the In values.
     return found.globs is not None and all(r.operator in _FRESH_OK for r in requirements)
+
+
+def _expressions_meet(found: LabelValues, requirements: Sequence[Requirement]) -> bool:
+    """Whether some label value satisfies both a class value's matchExpressions on the key and the Pod's
+    requirements. The candidates: the values either side lists, each integer bound and its neighbours (two sets
+    of Gt/Lt bounds meet iff one of those lies in both), and a fresh value no one lists."""
+    listed = {v for r in requirements for v in r.values} | {v for e in found.expressions for v in e.values}
+    candidates = set(listed)
+    for value in listed:
+        if value.lstrip("-").isdigit():
+            candidates.update(str(int(value) + step) for step in (-1, 1))
+    candidates.add("\x00fresh")  # a value neither side lists (NotIn and Exists admit it)
+
+    def holds(value: str) -> bool:
+        return (all(label_matches(value, e.operator, e.values) for e in found.expressions)
+                and all(r.holds(value) for r in requirements))
+
+    return any(holds(c) for c in candidates)
 
 
 def candidates(axis: Axis, terms: Sequence[Term]) -> frozenset[str] | None:
