@@ -496,14 +496,29 @@ def _choose_class(policy: Policy, ref: PodSpecRef, namespace: str, ctx: Context,
                 skipped.append(f"{axis.name}: left out: no default is one of the values the Pod admits "
                                f"({', '.join(sorted(admits))})")
             continue
+        kept = selection.keep_terms(axis, pick.value, terms)
+        if _strands(policy, terms, kept):
+            _skip(axis, out, skipped, f"{axis.name} default {pick.value} would drop every term of the Pod's node "
+                  f"selection that the rules cover, so {axis.name} is left as the Pod chose it; to use a class, "
+                  f"set the label {axis.label}")
+            continue
         if _allowed(axis, pick, namespace, ns_policy, out):
             picked[axis.name] = pick
-            terms = selection.keep_terms(axis, pick.value, terms)
+            terms = kept
         else:
             ok = False
     if not ok:
         return None
     return ChosenClass.of([picked[a.name] for a in policy.axes if a.name in picked], skipped)
+
+
+def _strands(policy: Policy, terms: tuple[Term, ...], kept: tuple[Term, ...]) -> bool:
+    """Whether a default drops every one of the Pod's terms that the class map can place, keeping only terms
+    whose GPU no value covers: the Pod would lose every node it selected that the rules know of."""
+    def placeable(term: Term) -> bool:
+        return all(selection.admitted(axis, term) != frozenset() for axis in policy.axes)
+
+    return any(map(placeable, terms)) and not any(map(placeable, kept))
 
 
 _Limit = tuple[frozenset[str], str, ContainerRef]  # the values a resource exists on, its name, who asks
