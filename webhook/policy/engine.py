@@ -236,8 +236,8 @@ def _spare_nodes(ref: PodSpecRef, chosen: ChosenClass, snapshot: Snapshot, resou
     written = inventory.placement(ref.spec, ref.spec_path)
     if not written.node_selector and not written.node_affinity:
         return chosen  # a Pod that chose no nodes gets the platform's defaults (gpu-class-no-node tells if none fit)
-    matched = [n for n in snapshot.nodes if any(n.offers(r) > 0 for r in resources) and inventory.selects(n, written)]
-    if not matched:
+    matched = inventory.gpu_nodes(snapshot, written, resources)
+    if not matched.count:
         return chosen  # the Pod as written matches no GPU node: the capacity checks say so
     selector = dict(written.node_selector)
     picks: list[Pick] = []
@@ -248,21 +248,21 @@ def _spare_nodes(ref: PodSpecRef, chosen: ChosenClass, snapshot: Snapshot, resou
             picks.append(pick)
             continue
         trial = dataclasses.replace(written, node_selector={**selector, **wanted})
-        if any(inventory.selects(n, trial) for n in matched):
+        if inventory.gpu_nodes(snapshot, trial, resources).count:
             selector.update(wanted)
             picks.append(pick)
             continue
         held = True
         picks.append(pick._replace(inject=False))
-        shown = ", ".join(n.name for n in matched[:3])
-        theirs = [v for v, c in pick.axis.values.items() if c.node_selector and any(
-            all(n.labels.get(k) == want for k, want in c.node_selector.items()) for n in matched)]
+        shown = ", ".join(matched.first)
+        theirs = [v for v, c in pick.axis.values.items()
+                  if c.node_selector and inventory.gpu_nodes(snapshot, written, resources, c.node_selector).count]
         fix = (f"label the Pod {pick.axis.label}={' or '.join(theirs)}" if theirs else
                f"label those nodes {', '.join(f'{k}={v}' for k, v in sorted(wanted.items()))}")
         out.add("gpu-class-skipped",
                 f"{pick.axis.name} {pick.value} (from the {pick.how}) was not applied: its nodeSelector "
                 f"{', '.join(f'{k}={v}' for k, v in sorted(wanted.items()))} would leave the Pod no node, while as "
-                f"written it matches {len(matched)} GPU node{'s' if len(matched) != 1 else ''} ({shown}); {fix}")
+                f"written it matches {matched.count} GPU node{'s' if matched.count != 1 else ''} ({shown}); {fix}")
     return ChosenClass.of(picks, chosen.skipped) if held else chosen
 
 
