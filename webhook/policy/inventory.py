@@ -137,7 +137,7 @@ def snapshot_of(nodes: Iterable[Node], runtime_classes: Iterable[RuntimeClass], 
                 claim_templates: Iterable[ClaimTemplate], *, synced: bool = True, reason: str = "") -> Snapshot:
     """A snapshot from parsed objects: nodes in name order, the rest keyed as the checks look them up."""
     return Snapshot(
-        nodes=tuple(nodes),
+        nodes=nodes if isinstance(nodes, NodeList) else tuple(nodes),
         runtime_classes={r.name: r for r in runtime_classes},
         namespaces={n.name: n for n in namespaces},
         claim_templates={(c.namespace, c.name): c for c in claim_templates},
