@@ -16,13 +16,14 @@ findings as (rule id, message). `webhook.cluster.kube` fills snapshots from the 
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from webhook.policy import quantity
 from webhook.policy.findings import Edit
-from webhook.policy.node_index import SHOWN, NodeIndex, NodeList, NodeView, Query, Summary, canonical, intern_labels
+from webhook.policy.node_index import SHOWN, NodeIndex, NodeList, NodeView, Query, Summary, canonical
 from webhook.policy.pods import Path, mapping
 from webhook.policy.rules import Policy
 
@@ -157,6 +158,11 @@ def _strings(value: Any) -> dict[str, str]:
     return {str(k): str(v) for k, v in mapping(value).items()}
 
 
+def _interned(value: Any) -> dict[str, str]:
+    """Labels with keys and values interned: the same strings repeat on every node of a pool, held once."""
+    return {sys.intern(str(k)): sys.intern(str(v)) for k, v in mapping(value).items()}
+
+
 def object_key(obj: Mapping[str, Any]) -> tuple[str, str]:
     """(namespace, name) of an API object ("" for cluster-scoped)."""
     meta = mapping(obj.get("metadata"))
@@ -183,7 +189,7 @@ def node_from_api(obj: Mapping[str, Any]) -> Node:
         isinstance(c, dict) and c.get("type") == "Ready" and c.get("status") == "True"
         for c in _list(status.get("conditions"))
     )
-    return Node(str(meta.get("name") or ""), intern_labels(_strings(meta.get("labels"))), taints, allocatable, ready,
+    return Node(str(meta.get("name") or ""), _interned(meta.get("labels")), taints, allocatable, ready,
                 bool(spec.get("unschedulable")))
 
 
@@ -359,7 +365,7 @@ def eligible_query(where: Placement, resource: str) -> Query:
         return offer
 
     return Query("eligible", (resource,), tuple(sorted(where.node_selector.items())), canonical(where.node_affinity),
-                 canonical(tolerations), admits)
+                 canonical(tolerations), admits, labels_read(where))
 
 
 def matched_query(where: Placement, resources: Sequence[str]) -> Query:
@@ -371,7 +377,16 @@ def matched_query(where: Placement, resources: Sequence[str]) -> Query:
         return 0 if any(node.allocatable.get(r, 0) > 0 for r in wanted) and selects(node, where) else -1
 
     return Query("matched", wanted, tuple(sorted(where.node_selector.items())), canonical(where.node_affinity), "",
-                 admits)
+                 admits, labels_read(where))
+
+
+def labels_read(where: Placement) -> frozenset[str]:
+    """The node labels a placement's nodeSelector and required node affinity look at."""
+    keys = set(where.node_selector)
+    required = mapping(mapping(where.node_affinity).get("requiredDuringSchedulingIgnoredDuringExecution"))
+    for term in _list(required.get("nodeSelectorTerms")):
+        keys.update(str(mapping(e).get("key") or "") for e in _list(mapping(term).get("matchExpressions")))
+    return frozenset(keys)
 
 
 def gpu_nodes(snapshot: Snapshot, where: Placement, resources: Sequence[str],

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import heapq
 import json
-import sys
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -60,6 +59,7 @@ class Query:
     affinity: str  # canonical JSON of the required node affinity, "" for none
     tolerations: str  # canonical JSON, "" for none
     admits: Callable[[Any], int] = field(compare=False, hash=False, repr=False)
+    labels_read: frozenset[str] = field(default=frozenset(), compare=False, hash=False, repr=False)
 
 
 @dataclass(frozen=True)
@@ -251,6 +251,7 @@ class NodeIndex:
         self._dirty: set[Query] = set()
         self._wanted: deque[Query] = deque()
         self._view: NodeView | None = None
+        self._labels_read: frozenset[str] = frozenset()  # by the tracked queries: other labels never move a node
 
     # ----------------------------------------------------------------------------------------- building
 
@@ -300,6 +301,11 @@ class NodeIndex:
         return True
 
     def _changed(self, old: Any, new: Any) -> None:
+        self._view = None
+        if old is not None and new is not None and old.ready == new.ready and old.taints == new.taints \
+                and old.allocatable == new.allocatable \
+                and all(old.labels.get(k) == new.labels.get(k) for k in self._labels_read):
+            return  # a label no tracked query reads (a GFD timestamp, an annotation-like label): nothing moves
         before, after = _extended(old), _extended(new)
         name = (new or old).name
         offering = self._offering
@@ -318,7 +324,6 @@ class NodeIndex:
         for aggregate in touched.values():
             if aggregate.update(old, new):
                 self._dirty.add(aggregate.query)
-        self._view = None
 
     # ----------------------------------------------------------------------------------------- queries
 
@@ -328,6 +333,7 @@ class NodeIndex:
         view = self._view or self._publish()
         aggregate = _Aggregate(query, view.candidates(query))
         self._aggregates[query] = aggregate
+        self._labels_read |= query.labels_read
         for resource in query.resources:
             self._by_resource.setdefault(resource, []).append(aggregate)
         self._dirty.add(query)
@@ -356,10 +362,4 @@ class NodeIndex:
         return bool(self._wanted)
 
 
-def intern_labels(labels: Mapping[str, str]) -> dict[str, str]:
-    """Labels with their keys and values interned: the same strings repeat on every node of a pool."""
-    return {sys.intern(k): sys.intern(v) for k, v in labels.items()}
-
-
-__all__ = ["EMPTY", "MAX_TRACKED", "SHOWN", "NodeIndex", "NodeList", "NodeView", "Query", "Summary", "canonical",
-           "intern_labels"]
+__all__ = ["EMPTY", "MAX_TRACKED", "SHOWN", "NodeIndex", "NodeList", "NodeView", "Query", "Summary", "canonical"]
