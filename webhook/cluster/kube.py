@@ -36,7 +36,7 @@ from kubernetes.config.config_exception import ConfigException
 from kubernetes.watch.watch import iter_resp_lines
 
 from webhook.cluster.doctor import Facts
-from webhook.policy import inventory
+from webhook.policy import inventory, node_index
 from webhook.policy.inventory import Snapshot
 from webhook.policy.node_index import NodeIndex, NodeView
 
@@ -348,6 +348,10 @@ class ClusterInventory:
                 delay = min(delay * 2, self._backoff[1])
 
     def _relist(self, cache: _Cache) -> None:
+        with node_index.bulk_load() if cache.index is not None else contextlib.nullcontext():
+            self._relist_source(cache)
+
+    def _relist_source(self, cache: _Cache) -> None:
         source = cache.source
         for api_version, call in source.versions:
             try:

@@ -25,6 +25,8 @@ costs a dictionary lookup.
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import heapq
 import json
 from collections import deque
@@ -362,4 +364,23 @@ class NodeIndex:
         return bool(self._wanted)
 
 
-__all__ = ["EMPTY", "MAX_TRACKED", "SHOWN", "NodeIndex", "NodeList", "NodeView", "Query", "Summary", "canonical"]
+@contextlib.contextmanager
+def bulk_load() -> Iterator[None]:
+    """Around a full list's parse and build: the cycle collector is paused, and what was built is then moved out
+    of its reach (`gc.freeze`).
+
+    The nodes and the index hold no reference cycles (frozen dataclasses, dicts of strings, persistent maps), so
+    the collector never frees any of them, yet a full collection walks them all: at 7,500 nodes one took 186 ms
+    in the middle of a relist, holding the GIL, so every review in the worker waited. Frozen objects are still
+    freed by reference counting when the next relist replaces them."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+        gc.freeze()
+
+
+__all__ = ["EMPTY", "MAX_TRACKED", "SHOWN", "NodeIndex", "NodeList", "NodeView", "Query", "Summary", "bulk_load", "canonical"]
