@@ -75,10 +75,18 @@ def _until(cluster: Cluster, namespace: str, wanted: str, what: str) -> tuple[st
     return str(answer), time.monotonic() - began
 
 
+def _delete_pool(cluster: Cluster) -> None:
+    """All of the pool's nodes in one call (kubectl deletes one at a time), then wait until they are gone."""
+    core = client.CoreV1Api(cluster.api())
+    core.delete_collection_node(label_selector=f"{POOL_LABEL}=scale14")
+    wait_until(lambda: not core.list_node(label_selector=f"{POOL_LABEL}=scale14", limit=1).items, 120,
+               "the pool's nodes to be deleted")
+
+
 @pytest.fixture
 def pool(cluster: Cluster) -> Iterator[None]:
     yield
-    cluster.kubectl("delete", "nodes", "-l", f"{POOL_LABEL}=scale14", "--wait=true", check=False)
+    _delete_pool(cluster)
 
 
 def _set_gpus(cluster: Cluster, count: int) -> None:
@@ -101,7 +109,7 @@ def test_a_gpu_pool_scaled_to_zero_and_back(cluster: Cluster, namespace: str, po
     _set_gpus(cluster, 8)
     _until(cluster, namespace, "", "the pool back at 8 GPUs a node")
 
-    cluster.kubectl("delete", "nodes", "-l", f"{POOL_LABEL}=scale14", "--wait=true")
+    _delete_pool(cluster)
     warned, _ = _until(cluster, namespace, "[gpu-class-no-node]", "the pool scaled to zero")
     # The API server shortens a warning; its end still says which cause was found (no node matches the labels).
     assert warned.rstrip().endswith("pick the class you meant with the class labels"), warned

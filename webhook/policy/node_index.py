@@ -383,4 +383,5 @@ def bulk_load() -> Iterator[None]:
         gc.freeze()
 
 
-__all__ = ["EMPTY", "MAX_TRACKED", "SHOWN", "NodeIndex", "NodeList", "NodeView", "Query", "Summary", "bulk_load", "canonical"]
+__all__ = ["EMPTY", "MAX_TRACKED", "SHOWN", "NodeIndex", "NodeList", "NodeView", "Query", "Summary", "bulk_load",
+           "canonical"]
