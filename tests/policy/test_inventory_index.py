@@ -132,12 +132,16 @@ def linear_product_suffix_reason(offering: Sequence[Node], selector: Mapping[str
 
 
 def linear_gpu_nodes(snapshot: Snapshot, where: Placement, resources: Sequence[str],
-                     narrowed_by: Mapping[str, str] | None = None) -> Summary:
+                     narrowed_by: Mapping[str, str] | None = None, *, ready: bool = False) -> Summary:
     """The engine's former scan for `_spare_nodes`: the matched list, then `any(...)` over it."""
-    matched = [n for n in snapshot.nodes if any(n.offers(r) > 0 for r in resources) and selects(n, where)]
+    matched = [n for n in snapshot.nodes if any(n.offers(r) > 0 for r in resources) and selects(n, where)
+               and (n.ready or not ready)]
     if narrowed_by:
         matched = [n for n in matched if all(n.labels.get(k) == want for k, want in narrowed_by.items())]
-    return Summary(len(matched), tuple(n.name for n in matched[:SHOWN]), None)
+    sliced = sum(1 for n in matched if (n.labels.get("nvidia.com/gpu.replicas", "1").isdigit()
+                                           and int(n.labels.get("nvidia.com/gpu.replicas", "1")) > 1)
+                 or n.labels.get("nvidia.com/gpu.sharing-strategy") == "time-slicing")
+    return Summary(len(matched), tuple(n.name for n in matched[:SHOWN]), None, sliced)
 
 
 # --------------------------------------------------------------------------------------------- strategies
@@ -145,7 +149,8 @@ def linear_gpu_nodes(snapshot: Snapshot, where: Placement, resources: Sequence[s
 PRODUCTS = ["NVIDIA-A100-SXM4-80GB", "NVIDIA-A100-SXM4-80GB-SHARED", "NVIDIA-A100-SXM4-80GB-MIG-1g.10gb", "Tesla-T4",
             "Tesla-T4-SHARED", "NVIDIA-H100-80GB-HBM3"]
 LABELS = {"gpu-type": ["a100", "t4", "h100"], "workload": ["training", "inference"], PRODUCT_LABEL: PRODUCTS,
-          "topology.kubernetes.io/zone": ["a", "b"], "nvidia.com/gpu.replicas": ["1", "4", "x"]}
+          "topology.kubernetes.io/zone": ["a", "b"], "nvidia.com/gpu.replicas": ["1", "4", "x"],
+          "nvidia.com/gpu.sharing-strategy": ["none", "time-slicing", "mps"]}
 TAINTS = [Taint("nvidia.com/gpu", "present", "NoSchedule"), Taint("dedicated", "ml", "NoExecute"),
           Taint("node.kubernetes.io/not-ready", "", "NoExecute"), Taint("soft", "", "PreferNoSchedule")]
 RESOURCES = [WHOLE_GPU, SHARED_GPU, f"{MIG_PREFIX}1g.10gb", f"{MIG_PREFIX}3g.40gb"]
@@ -218,12 +223,12 @@ def test_capacity_findings_equal_the_linear_scan(snapshot: Snapshot, where: Plac
 @SETTINGS
 @given(snapshot=snapshots(), where=placements(), resources=st.lists(st.sampled_from(RESOURCES), max_size=3),
        narrowed=st.none() | st.dictionaries(st.sampled_from(list(LABELS)), st.sampled_from(["a100", "t4", "a"]),
-                                            max_size=2))
+                                            max_size=2), ready=st.booleans())
 def test_gpu_nodes_equal_the_linear_scan(snapshot: Snapshot, where: Placement, resources: list[str],
-                                         narrowed: dict[str, str] | None) -> None:
-    found = inventory.gpu_nodes(snapshot, where, resources, narrowed)
-    expected = linear_gpu_nodes(snapshot, where, resources, narrowed)
-    assert (found.count, found.first) == (expected.count, expected.first)
+                                         narrowed: dict[str, str] | None, ready: bool) -> None:
+    found = inventory.gpu_nodes(snapshot, where, resources, narrowed, ready=ready)
+    expected = linear_gpu_nodes(snapshot, where, resources, narrowed, ready=ready)
+    assert (found.count, found.first, found.time_sliced) == (expected.count, expected.first, expected.time_sliced)
 
 
 GPU_PODS = st.fixed_dictionaries({
@@ -266,7 +271,8 @@ def test_evaluate_equals_the_linear_engine(snapshot: Snapshot, drawn: Mapping[st
 # --------------------------------------------------------------------------------------------- events
 
 EVENTS = st.lists(st.one_of(st.tuples(st.just("put"), nodes()), st.tuples(st.just("remove"), st.sampled_from(NAMES)),
-                            st.tuples(st.just("ask"), placements(), st.sampled_from(RESOURCES))), max_size=40)
+                            st.tuples(st.just("ask"), placements(), st.sampled_from(RESOURCES), st.booleans())),
+                  max_size=40)
 
 
 @SETTINGS
@@ -282,10 +288,14 @@ def test_events_keep_the_index_equal_to_a_fresh_build(start: Snapshot, events: l
         elif event[0] == "remove":
             index.remove(event[1])
         else:
-            _, where, resource = event
+            _, where, resource, ready = event
             snapshot = Snapshot(index.view().node_list)
             findings = inventory.capacity_findings(snapshot, where, resource, 3, "c")
             assert findings == linear_capacity_findings(snapshot, where, resource, 3, "c")
+            found = inventory.gpu_nodes(snapshot, where, [resource, SHARED_GPU], ready=ready)
+            expected = linear_gpu_nodes(snapshot, where, [resource, SHARED_GPU], ready=ready)
+            assert (found.count, found.first, found.time_sliced) == (expected.count, expected.first,
+                                                                     expected.time_sliced)
             held.append((snapshot, where, resource, findings))
             index.view()  # the writer starts tracking what the review asked
         current = Snapshot(index.view().node_list)

@@ -29,6 +29,8 @@ from webhook.policy.rules import Policy
 
 PRODUCT_LABEL = "nvidia.com/gpu.product"
 GPU_PRESENT_LABEL = "nvidia.com/gpu.present"
+REPLICAS_LABEL = "nvidia.com/gpu.replicas"
+SHARING_LABEL = "nvidia.com/gpu.sharing-strategy"
 WHOLE_GPU = "nvidia.com/gpu"
 SHARED_GPU = "nvidia.com/gpu.shared"
 MIG_PREFIX = "nvidia.com/mig-"
@@ -365,24 +367,33 @@ def eligible_query(where: Placement, resource: str) -> Query:
         return offer
 
     return Query("eligible", (resource,), tuple(sorted(where.node_selector.items())), canonical(where.node_affinity),
-                 canonical(tolerations), admits, labels_read(where))
+                 canonical(tolerations), admits, labels_read(where), time_sliced)
 
 
-def matched_query(where: Placement, resources: Sequence[str]) -> Query:
-    """The index query for the nodes that offer any of `resources` and that the placement selects (whatever
-    their readiness and taints)."""
+def matched_query(where: Placement, resources: Sequence[str], *, ready: bool = False) -> Query:
+    """The index query for the nodes that offer any of `resources` and that the placement selects, whatever
+    their taints (`ready`: and Ready; else whatever their readiness too)."""
     wanted = tuple(sorted(set(resources)))
 
     def admits(node: Node) -> int:
+        if ready and not node.ready:
+            return -1
         return 0 if any(node.allocatable.get(r, 0) > 0 for r in wanted) and selects(node, where) else -1
 
-    return Query("matched", wanted, tuple(sorted(where.node_selector.items())), canonical(where.node_affinity), "",
-                 admits, labels_read(where))
+    return Query("ready" if ready else "matched", wanted, tuple(sorted(where.node_selector.items())),
+                 canonical(where.node_affinity), "", admits, labels_read(where), time_sliced)
+
+
+def time_sliced(node: Node) -> bool:
+    """GPU Feature Discovery says the node shares each GPU between Pods by time-slicing: `nvidia.com/gpu.replicas`
+    above 1, or `nvidia.com/gpu.sharing-strategy=time-slicing`."""
+    replicas = node.labels.get(REPLICAS_LABEL, "")
+    return (replicas.isdigit() and int(replicas) > 1) or node.labels.get(SHARING_LABEL) == "time-slicing"
 
 
 def labels_read(where: Placement) -> frozenset[str]:
     """The node labels a placement's nodeSelector and required node affinity look at."""
-    keys = set(where.node_selector)
+    keys = {*where.node_selector, REPLICAS_LABEL, SHARING_LABEL}  # and what `time_sliced` reads
     required = mapping(mapping(where.node_affinity).get("requiredDuringSchedulingIgnoredDuringExecution"))
     for term in _list(required.get("nodeSelectorTerms")):
         keys.update(str(mapping(e).get("key") or "") for e in _list(mapping(term).get("matchExpressions")))
@@ -390,15 +401,16 @@ def labels_read(where: Placement) -> frozenset[str]:
 
 
 def gpu_nodes(snapshot: Snapshot, where: Placement, resources: Sequence[str],
-              narrowed_by: Mapping[str, str] | None = None) -> Summary:
+              narrowed_by: Mapping[str, str] | None = None, *, ready: bool = False) -> Summary:
     """How many nodes offer any of `resources` and are selected by the placement (with `narrowed_by` added to
-    its nodeSelector: none when the two disagree on a key), and the first of them by name."""
+    its nodeSelector: none when the two disagree on a key), the first of them by name, and how many of them are
+    time-sliced (`ready`: Ready nodes only)."""
     if narrowed_by:
         if any(where.node_selector.get(k, v) != v for k, v in narrowed_by.items()):
             return Summary()
         where = Placement({**where.node_selector, **narrowed_by}, where.tolerations, where.node_affinity,
                           where.runtime_class, where.runtime_class_injected)
-    return snapshot.index.summary(matched_query(where, resources))
+    return snapshot.index.summary(matched_query(where, resources, ready=ready))
 
 
 # --------------------------------------------------------------------------------------------- decisions

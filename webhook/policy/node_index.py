@@ -40,7 +40,7 @@ from sortedcontainers import SortedList
 MAX_TRACKED = 512  # distinct queries kept up to date by the writer (classes x resources x Pod selections)
 SHOWN = 3  # names kept per query: the messages name at most this many nodes
 
-Kind = Literal["eligible", "matched"]
+Kind = Literal["eligible", "matched", "ready"]
 
 
 # --------------------------------------------------------------------------------------------- queries
@@ -52,7 +52,8 @@ class Query:
 
     `eligible`: Ready nodes offering `resources[0]`, selected by the nodeSelector and affinity, whose hard
     (non-transient) taints the tolerations tolerate; the offer is the amount of that resource.
-    `matched`: nodes offering any of `resources` and selected, whatever their readiness and taints.
+    `matched`: nodes offering any of `resources` and selected, whatever their readiness and taints; `ready`: the
+    same, Ready only. Every answer also counts the members `time_sliced` says share their GPUs.
     """
 
     kind: Kind
@@ -62,15 +63,18 @@ class Query:
     tolerations: str  # canonical JSON, "" for none
     admits: Callable[[Any], int] = field(compare=False, hash=False, repr=False)
     labels_read: frozenset[str] = field(default=frozenset(), compare=False, hash=False, repr=False)
+    time_sliced: Callable[[Any], bool] = field(default=lambda node: False, compare=False, hash=False, repr=False)
 
 
 @dataclass(frozen=True)
 class Summary:
-    """The answer to a Query: how many nodes, the first `SHOWN` by name, the largest (offer, name)."""
+    """The answer to a Query: how many nodes, the first `SHOWN` by name, the largest (offer, name), and how many
+    of them share their GPUs by time-slicing (`Query.time_sliced`)."""
 
     count: int = 0
     first: tuple[str, ...] = ()
     largest: tuple[int, str] | None = None
+    time_sliced: int = 0
 
 
 EMPTY = Summary()
@@ -152,7 +156,7 @@ class NodeView:
             return found
         memo = self.memo.get(query)
         if memo is None:
-            memo = self.memo[query] = _summarise(self.candidates(query), query.admits)
+            memo = self.memo[query] = _summarise(self.candidates(query), query)
             if self._wanted is not None:
                 self._wanted.append(query)  # the writer tracks it from its next view on
         return memo
@@ -174,8 +178,9 @@ class NodeView:
 _NO_OFFERS: immutables.Map[str, int] = immutables.Map()
 
 
-def _summarise(nodes: Iterable[Any], admits: Callable[[Any], int]) -> Summary:
-    count = 0
+def _summarise(nodes: Iterable[Any], query: Query) -> Summary:
+    admits, time_sliced = query.admits, query.time_sliced
+    count = sliced = 0
     first: list[str] = []
     largest: tuple[int, str] | None = None
     for node in nodes:
@@ -183,13 +188,14 @@ def _summarise(nodes: Iterable[Any], admits: Callable[[Any], int]) -> Summary:
         if offer < 0:
             continue
         count += 1
+        sliced += time_sliced(node)
         first.append(node.name)
         if len(first) > SHOWN * 4:
             first = heapq.nsmallest(SHOWN, first)
         mine = (offer, node.name)
         if largest is None or mine > largest:
             largest = mine
-    return Summary(count, tuple(heapq.nsmallest(SHOWN, first)), largest)
+    return Summary(count, tuple(heapq.nsmallest(SHOWN, first)), largest, sliced)
 
 
 # --------------------------------------------------------------------------------------------- writer
@@ -198,10 +204,11 @@ def _summarise(nodes: Iterable[Any], admits: Callable[[Any], int]) -> Summary:
 class _Aggregate:
     """A tracked query's members, kept in name order and by offer (the writer's, never seen by readers)."""
 
-    __slots__ = ("by_offer", "names", "offers", "query")
+    __slots__ = ("by_offer", "names", "offers", "query", "sliced")
 
     def __init__(self, query: Query, nodes: Iterable[Any]) -> None:
         self.query = query
+        self.sliced: set[str] = set()  # members that share their GPUs by time-slicing
         self.offers: dict[str, int] = {}
         self.names: SortedList = SortedList()
         self.by_offer: dict[int, SortedList] = {}
@@ -214,6 +221,14 @@ class _Aggregate:
         name = (new or old).name
         before = self.offers.get(name, -1)
         after = admits(new) if new is not None else -1
+        sliced = after >= 0 and self.query.time_sliced(new)
+        if sliced != (name in self.sliced):
+            if sliced:
+                self.sliced.add(name)
+            else:
+                self.sliced.discard(name)
+            if before == after:
+                return True
         if before == after:
             return False
         if before >= 0:
@@ -233,7 +248,8 @@ class _Aggregate:
         if not self.offers:
             return EMPTY
         top = max(self.by_offer)
-        return Summary(len(self.offers), tuple(self.names.islice(0, SHOWN)), (top, self.by_offer[top][-1]))
+        return Summary(len(self.offers), tuple(self.names.islice(0, SHOWN)), (top, self.by_offer[top][-1]),
+                       len(self.sliced))
 
 
 def _extended(node: Any) -> Mapping[str, int]:
