@@ -498,22 +498,23 @@ def _host(api: k8s.ApiClient) -> str:
 
 
 def read_snapshot(api: k8s.ApiClient) -> Snapshot:
-    """Nodes, runtime classes, namespaces and claim templates, listed once (for `audit` and `doctor`)."""
-    lists: dict[str, list[Json]] = {}
+    """Nodes, runtime classes, namespaces and claim templates, listed once (for `audit` and `doctor`), each page
+    parsed as it arrives; the nodes indexed as the server's are."""
+    lists: dict[str, list[Any]] = {}
     try:
         for source in sources(api):
             lists[source.name] = []
             for api_version, call in source.versions:
                 try:
-                    lists[source.name] = list_all(call, source.kind, api_version)[0]
+                    lists[source.name] = list_all(call, source.kind, api_version, parse=source.parse)[0]
                     break
                 except ApiException as err:
                     if not (source.optional and err.status in (403, 404)):
                         raise
     except (ApiException, *_NETWORK_ERRORS) as err:
         raise describe_error(err, _host(api)) from None
-    return inventory.snapshot_from_api(lists["nodes"], lists["runtimeclasses"], lists["namespaces"],
-                                       lists["resourceclaimtemplates"])
+    return inventory.snapshot_of(lists["nodes"], lists["runtimeclasses"], lists["namespaces"],
+                                 lists["resourceclaimtemplates"])
 
 
 def read_workloads(api: k8s.ApiClient, namespace: str | None) -> list[Json]:
