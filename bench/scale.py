@@ -24,6 +24,8 @@ without the loop, and subtract (the interpreter itself, not a shim):
     valgrind --tool=cachegrind --cache-sim=no --cachegrind-out-file=/dev/null \\
         "$(python -c 'import sys; print(sys.executable)')" bench/scale.py --only 100000 --count 2000
                                                                # and again with --count 0; then --only 10
+    ... bench/scale.py --only 7500 --what updates --count 3000     # Node events: parsed, applied, published;
+    ... bench/scale.py --only 7500 --what events --count 3000      # minus the same events only made
 """
 
 from __future__ import annotations
@@ -191,8 +193,8 @@ def relist_stall(size: int, call: Callable[[], Any]) -> tuple[float, float, int]
     return seen[len(seen) // 2] * 1e6, seen[-1] * 1e6, len(seen)
 
 
-def updates(index: NodeIndex, size: int, count: int) -> float:
-    """µs per Node event applied (parse, put, next view)."""
+def updates(index: NodeIndex, size: int, count: int, *, apply: bool = True) -> float:
+    """µs per Node event applied (parse, put, next view); `apply` False: only make the events."""
     rng = random.Random(size)
     gpu_nodes = [name for name in index.view().nodes if not name.startswith("cpu-")]
     events = []
@@ -208,6 +210,8 @@ def updates(index: NodeIndex, size: int, count: int) -> float:
         else:
             obj["status"]["allocatable"]["nvidia.com/gpu"] = str(rng.randint(0, 8))
         events.append(obj)
+    if not apply:
+        return 0.0
     began = time.perf_counter()
     for obj in events:
         index.put(inventory.node_from_api(obj))
@@ -222,12 +226,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=5, help="rounds per review (the best is kept)")
     parser.add_argument("--updates", type=int, default=3000, help="Node events applied per size")
     parser.add_argument("--only", type=int, help="build this size, then run both reviews --count times, print nothing")
-    parser.add_argument("--count", type=int, default=0, help="with --only: reviews to run")
+    parser.add_argument("--count", type=int, default=0, help="with --only: reviews (or Node events) to run")
+    parser.add_argument("--what", choices=("reviews", "updates", "events"), default="reviews",
+                        help="with --only: both reviews --count times, --count Node events made and applied, or "
+                             "only made (the baseline to subtract from updates)")
     args = parser.parse_args(argv)
 
     if args.only is not None:
         index, _, _ = build(args.only)
         calls = list(reviews(index).values())
+        if args.what != "reviews":
+            updates(index, args.only, 200)
+            updates(index, args.only, args.count, apply=args.what == "updates")
+            return 0
         for call in calls:
             for _ in range(200):
                 call()
