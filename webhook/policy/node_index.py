@@ -403,9 +403,9 @@ def bulk_load() -> Iterator[None]:
     try:
         yield
     finally:
-        if enabled:
+        gc.freeze()  # before the collector is back: another thread's next allocation would start a collection
+        if enabled:  # over everything built meanwhile (2.1 s at 100,000 nodes when the order was the other way)
             gc.enable()
-        gc.freeze()
 
 
 __all__ = ["EMPTY", "MAX_TRACKED", "SHOWN", "NodeIndex", "NodeList", "NodeView", "Query", "Summary", "bulk_load",
