@@ -38,7 +38,7 @@ from webhook.policy.inventory import (
 )
 from webhook.policy.node_index import NodeIndex, Summary
 
-SETTINGS = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+SETTINGS = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 POLICY = load_policy()
 SHOWN = 3
 
