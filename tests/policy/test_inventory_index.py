@@ -320,3 +320,23 @@ def test_tracked_queries_survive_a_rebuild() -> None:
     [(query, summary)] = rebuilt.view().summaries.items()
     assert summary == Summary(1, ("a100-1",), (2, "a100-1"))
     assert view.summaries[query] == Summary(1, ("a100-1",), (8, "a100-1")), "the old view is unchanged"
+
+
+def test_bulk_load_keeps_the_collector_off_until_the_build_is_frozen() -> None:
+    """A relist's build runs with the cycle collector paused, and ends frozen out of its reach before the
+    collector is back (another thread's next allocation would otherwise start a collection over all of it)."""
+    import gc
+
+    from webhook.policy.node_index import bulk_load
+
+    assert gc.isenabled()
+    seen: list[tuple[bool, int]] = []
+    try:
+        with bulk_load():
+            seen.append((gc.isenabled(), gc.get_freeze_count()))
+            built = [Node(f"n{i}", {"k": "v"}) for i in range(100)]
+        assert gc.isenabled()
+        assert seen == [(False, seen[0][1])]
+        assert gc.get_freeze_count() >= seen[0][1] + len(built), "what was built is frozen"
+    finally:
+        gc.unfreeze()
