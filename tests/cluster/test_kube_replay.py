@@ -194,3 +194,45 @@ def test_failing_lists(server: ReplayServer, tmp_path: Path, path: str, code: in
             server.wait_until(lambda: len(server.seen(path)) >= 2, what="a retry")
             snapshot = inventory.snapshot()
             assert not snapshot.synced and reason in snapshot.reason and "nodes" in snapshot.reason
+
+
+# --------------------------------------------------------------------------------------------- node index
+
+
+def test_node_events_update_the_index_and_leave_earlier_snapshots_alone() -> None:
+    """Node events go into the node index one at a time: a snapshot handed to a review before an event keeps
+    answering for its own moment, the next one sees the event, and a relist builds a new index that tracks the
+    questions reviews asked of the old one."""
+    from webhook.policy import inventory as inv
+
+    nodes = kube.Source("nodes", "Node", (), inv.node_from_api)
+    cache = kube.ClusterInventory(None, source_list=(nodes,))  # type: ignore[arg-type]
+    [state] = cache._caches
+    cache._replace(state, [inv.node_from_api(node(n, "1")) for n in ("a100-1", "a100-2", "t4-1")], "1")
+    a100 = inv.Placement({"gpu-type": "a100"}, ({"key": "nvidia.com/gpu", "operator": "Exists"},), None, None,
+                         False)
+    before = cache.snapshot()
+    assert inv.capacity_findings(before, a100, "nvidia.com/gpu", 8, "a100") == []
+    assert cache.snapshot() is not before, "the question asked is tracked from the next snapshot on"
+    tracked = cache.snapshot()
+    assert len(tracked.index.summaries) == 1
+    assert cache.snapshot() is tracked, "nothing changed: the same snapshot object"
+
+    cache._apply(state, event("MODIFIED", node("a100-1", "2", gpus="4")))
+    after = cache.snapshot()
+    [finding] = inv.capacity_findings(after, a100, "nvidia.com/gpu", 8, "a100")
+    assert finding[0] == "gpu-never-schedulable" and "offers 4 (a100-2; 2 nodes match)" in finding[1]
+    assert inv.capacity_findings(tracked, a100, "nvidia.com/gpu", 8, "a100") == [], "the earlier snapshot"
+    assert dict(tracked.index.nodes["a100-1"].allocatable) == {"nvidia.com/gpu": 8}
+
+    cache._apply(state, event("DELETED", node("a100-1", "3")))
+    cache._apply(state, event("DELETED", node("a100-2", "3")))
+    [finding] = inv.capacity_findings(cache.snapshot(), a100, "nvidia.com/gpu", 1, "a100")
+    assert finding[0] == "gpu-class-no-node"
+
+    cache._replace(state, [inv.node_from_api(node("a100-2", "9"))], "9")
+    relisted = cache.snapshot()
+    [summary] = relisted.index.summaries.values()
+    assert summary.first == ("a100-2",), "tracked across the relist"
+    assert inv.capacity_findings(relisted, a100, "nvidia.com/gpu", 4, "a100") == []
+    assert cache.status()["nodes"]["items"] == 1

@@ -36,8 +36,9 @@ from kubernetes.config.config_exception import ConfigException
 from kubernetes.watch.watch import iter_resp_lines
 
 from webhook.cluster.doctor import Facts
-from webhook.policy import inventory
+from webhook.policy import inventory, node_index
 from webhook.policy.inventory import Snapshot
+from webhook.policy.node_index import NodeIndex, NodeView
 
 log = logging.getLogger("webhook.cluster.kube")
 
@@ -140,15 +141,20 @@ def _json_call(call: ListCall, **kwargs: Any) -> Json:
     return data if isinstance(data, dict) else {}
 
 
-def list_all(call: ListCall, kind: str, api_version: str, **kwargs: Any) -> tuple[list[Json], str]:
-    """Every item of a (paginated) list, with kind and apiVersion set, and the list's resourceVersion."""
-    items: list[Json] = []
+def list_all(call: ListCall, kind: str, api_version: str, *, parse: Callable[[Json], Any] | None = None,
+             **kwargs: Any) -> tuple[list[Any], str]:
+    """Every item of a (paginated) list, with kind and apiVersion set, and the list's resourceVersion.
+
+    `parse`: each item is parsed as its page arrives, and only what it returns is kept (a relist of 100,000
+    Nodes then holds one page of JSON at a time, not all of them)."""
+    items: list[Any] = []
     token: str | None = None
     while True:
         page = _json_call(call, limit=PAGE, **({"_continue": token} if token else {}), **kwargs)
         for item in page.get("items") or []:
             if isinstance(item, dict):
-                items.append({"kind": kind, "apiVersion": api_version, **item})
+                item = {"kind": kind, "apiVersion": api_version, **item}
+                items.append(parse(item) if parse is not None else item)
         meta = page.get("metadata") or {}
         token = meta.get("continue") or None
         if not token:
@@ -204,6 +210,10 @@ class _Cache:
     relists: int = 0
     response: Any = None  # the open watch, shut down by stop()
     call: ListCall | None = None  # the list function of the API version that answered
+    index: NodeIndex | None = None  # Nodes: held in the node index instead of `items`
+
+    def count(self) -> int:
+        return len(self.index) if self.index is not None else len(self.items)
 
 
 class ClusterInventory:
@@ -222,12 +232,14 @@ class ClusterInventory:
         self.resync_seconds = resync_seconds
         self.stale_seconds = stale_seconds
         self._backoff = backoff
-        self._caches = [_Cache(s) for s in (source_list or sources(api))]
+        self._caches = [_Cache(s, index=NodeIndex() if s.name == "nodes" else None)
+                        for s in (source_list or sources(api))]
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
-        self._version = 0
-        self._cached: tuple[tuple[int, bool, str], Snapshot] | None = None
+        self._version = 0  # of everything but the Nodes (those are versioned by their index's view)
+        self._parts: tuple[int, dict[str, list[Any]]] | None = None
+        self._cached: tuple[tuple[int, NodeView | None, bool, str], Snapshot] | None = None
 
     # ----------------------------------------------------------------------------------------- lifecycle
 
@@ -263,16 +275,25 @@ class ClusterInventory:
         return self._health()[0]
 
     def snapshot(self) -> Snapshot:
-        """The caches now, as one frozen Snapshot (rebuilt only when something changed)."""
+        """The caches now, as one frozen Snapshot. Its nodes are the node index's current view, handed over as
+        they are (no copy, whatever the cluster's size); the other collections are rebuilt only when they
+        changed. A review that asked a new question of the nodes makes the index track it from here on."""
         synced, reason = self._health()
         with self._lock:
-            key = (self._version, synced, reason)
-            if self._cached is not None and self._cached[0] == key:
-                return self._cached[1]
-            parts = {c.source.name: list(c.items.values()) for c in self._caches}
-            snapshot = inventory.snapshot_of(parts.get("nodes", []), parts.get("runtimeclasses", []),
-                                             parts.get("namespaces", []), parts.get("resourceclaimtemplates", []),
-                                             synced=synced, reason=reason)
+            nodes = next((c.index for c in self._caches if c.index is not None), None)
+            view = nodes.view() if nodes is not None else None
+            key = (self._version, view, synced, reason)
+            cached = self._cached
+            if cached is not None and cached[0][0] == self._version and cached[0][1] is view \
+                    and cached[0][2:] == key[2:]:
+                return cached[1]
+            if self._parts is None or self._parts[0] != self._version:
+                self._parts = (self._version, {c.source.name: list(c.items.values()) for c in self._caches
+                                               if c.index is None})
+            parts = self._parts[1]
+            snapshot = inventory.snapshot_of(
+                view.node_list if view is not None else (), parts.get("runtimeclasses", []),
+                parts.get("namespaces", []), parts.get("resourceclaimtemplates", []), synced=synced, reason=reason)
             self._cached = (key, snapshot)
             return snapshot
 
@@ -282,7 +303,7 @@ class ClusterInventory:
         with self._lock:
             return {
                 c.source.name: {
-                    "listed": c.listed, "items": len(c.items), "relists": c.relists, "error": c.error,
+                    "listed": c.listed, "items": c.count(), "relists": c.relists, "error": c.error,
                     "absent": c.absent,
                     "seconds_since_contact": None if c.last_contact is None else round(now - c.last_contact, 1),
                 }
@@ -327,10 +348,14 @@ class ClusterInventory:
                 delay = min(delay * 2, self._backoff[1])
 
     def _relist(self, cache: _Cache) -> None:
+        with node_index.bulk_load() if cache.index is not None else contextlib.nullcontext():
+            self._relist_source(cache)
+
+    def _relist_source(self, cache: _Cache) -> None:
         source = cache.source
         for api_version, call in source.versions:
             try:
-                items, resource_version = list_all(call, source.kind, api_version)
+                items, resource_version = list_all(call, source.kind, api_version, parse=source.parse)
             except ApiException as err:
                 if source.optional and err.status in (403, 404):
                     if err.status == 403 or api_version == source.versions[-1][0]:
@@ -338,14 +363,22 @@ class ClusterInventory:
                         return
                     continue
                 raise
-            self._replace(cache, [source.parse(i) for i in items], resource_version, watch_call=call)
+            self._replace(cache, items, resource_version, watch_call=call)
             return
 
     def _replace(self, cache: _Cache, parsed: list[Any], resource_version: str, absent: str | None = None,
                  watch_call: ListCall | None = None) -> None:
-        fresh = {_key(p): p for p in parsed}
+        """A full list replaces the cache. Nodes: a new index is built beside the one reviews read (tracking the
+        same queries), and swapped in at once."""
+        if cache.index is not None:
+            with self._lock:
+                queries = cache.index.queries()
+            fresh_index = NodeIndex.build(parsed, queries)
+        fresh = {_key(p): p for p in parsed} if cache.index is None else {}
         with self._lock:
-            if fresh != cache.items or not cache.listed:
+            if cache.index is not None:
+                cache.index = fresh_index
+            elif fresh != cache.items or not cache.listed:
                 self._version += 1
             cache.items = fresh
             cache.resource_version = resource_version
@@ -397,18 +430,24 @@ class ClusterInventory:
                 raise _Expired
             raise ApiException(status=obj.get("code"), reason=f"{obj.get('reason')}: {obj.get('message')}")
         resource_version = str((obj.get("metadata") or {}).get("resourceVersion") or cache.resource_version)
+        parsed = cache.source.parse(obj) if kind in ("ADDED", "MODIFIED") else None  # outside the lock
         with self._lock:
             cache.resource_version = resource_version
             cache.last_contact = self._clock()
             cache.error = None
             if kind in ("ADDED", "MODIFIED"):
-                parsed = cache.source.parse(obj)
+                if cache.index is not None:
+                    cache.index.put(parsed)  # the index's next view has it
+                    return
                 key = _key(parsed)
                 if cache.items.get(key) != parsed:
                     cache.items[key] = parsed
                     self._version += 1
-            elif kind == "DELETED" and cache.items.pop(inventory.object_key(obj), None) is not None:
-                self._version += 1
+            elif kind == "DELETED":
+                if cache.index is not None:
+                    cache.index.remove(inventory.object_key(obj)[1])
+                elif cache.items.pop(inventory.object_key(obj), None) is not None:
+                    self._version += 1
 
     def _touch(self, cache: _Cache) -> None:
         with self._lock:
@@ -459,22 +498,23 @@ def _host(api: k8s.ApiClient) -> str:
 
 
 def read_snapshot(api: k8s.ApiClient) -> Snapshot:
-    """Nodes, runtime classes, namespaces and claim templates, listed once (for `audit` and `doctor`)."""
-    lists: dict[str, list[Json]] = {}
+    """Nodes, runtime classes, namespaces and claim templates, listed once (for `audit` and `doctor`), each page
+    parsed as it arrives; the nodes indexed as the server's are."""
+    lists: dict[str, list[Any]] = {}
     try:
         for source in sources(api):
             lists[source.name] = []
             for api_version, call in source.versions:
                 try:
-                    lists[source.name] = list_all(call, source.kind, api_version)[0]
+                    lists[source.name] = list_all(call, source.kind, api_version, parse=source.parse)[0]
                     break
                 except ApiException as err:
                     if not (source.optional and err.status in (403, 404)):
                         raise
     except (ApiException, *_NETWORK_ERRORS) as err:
         raise describe_error(err, _host(api)) from None
-    return inventory.snapshot_from_api(lists["nodes"], lists["runtimeclasses"], lists["namespaces"],
-                                       lists["resourceclaimtemplates"])
+    return inventory.snapshot_of(lists["nodes"], lists["runtimeclasses"], lists["namespaces"],
+                                 lists["resourceclaimtemplates"])
 
 
 def read_workloads(api: k8s.ApiClient, namespace: str | None) -> list[Json]:

@@ -260,7 +260,7 @@ def _spare_nodes(ref: PodSpecRef, chosen: ChosenClass, snapshot: Snapshot, resou
     (a class label that matches no node is `gpu-class-no-node`'s to report), and so is every default some of
     those nodes satisfy. The class, unchanged when nothing is held."""
     written = inventory.placement(ref.spec, ref.spec_path)
-    if next(inventory.hosting_nodes(snapshot, written, resources), None) is None:
+    if not inventory.gpu_nodes(snapshot, written, resources, ready=True).count:
         return chosen  # no Ready node advertises the GPU, or the Pod as written matches none: the capacity checks
     plain = not written.node_selector and not written.node_affinity
     selector = dict(written.node_selector)
@@ -277,7 +277,7 @@ def _spare_nodes(ref: PodSpecRef, chosen: ChosenClass, snapshot: Snapshot, resou
                     if value.match_expressions or expressions else written.node_affinity)
         trial = inventory.Placement({**selector, **wanted}, written.tolerations, affinity, written.runtime_class,
                                     written.runtime_class_injected)
-        if next(inventory.hosting_nodes(snapshot, trial, resources), None) is not None:
+        if inventory.gpu_nodes(snapshot, trial, resources, ready=True).count:
             selector.update(wanted)
             expressions.extend(value.match_expressions)
             picks.append(pick)

@@ -17,17 +17,21 @@ findings as (rule id, message). `webhook.cluster.kube` fills snapshots from the 
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+import sys
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from webhook.policy import quantity
 from webhook.policy.findings import Edit
+from webhook.policy.node_index import SHOWN, NodeIndex, NodeList, NodeView, Query, Summary, canonical
 from webhook.policy.pods import Path, mapping
 from webhook.policy.rules import Expression, Policy
 
 PRODUCT_LABEL = "nvidia.com/gpu.product"
 GPU_PRESENT_LABEL = "nvidia.com/gpu.present"
+REPLICAS_LABEL = "nvidia.com/gpu.replicas"
+SHARING_LABEL = "nvidia.com/gpu.sharing-strategy"
 WHOLE_GPU = "nvidia.com/gpu"
 SHARED_GPU = "nvidia.com/gpu.shared"
 MIG_PREFIX = "nvidia.com/mig-"
@@ -40,7 +44,7 @@ HARD_EFFECTS = frozenset({"NoSchedule", "NoExecute"})
 # Taints the node lifecycle controller adds for a while (NotReady, cordoned, pressure): not a property of
 # the node's size, so they never make a Pod "never schedulable".
 TRANSIENT_TAINT_PREFIX = "node.kubernetes.io/"
-_SHOWN = 3  # nodes named in one message
+_SHOWN = SHOWN  # nodes named in one message
 REQUIRED = "requiredDuringSchedulingIgnoredDuringExecution"
 
 Finding = tuple[str, str]  # (rule id, message)
@@ -102,14 +106,25 @@ class ClaimTemplate:
 @dataclass(frozen=True)
 class Snapshot:
     """What the caches held at one moment. `synced` is False before the first full list, or when the API
-    server has been unreachable for too long; `reason` then says why."""
+    server has been unreachable for too long; `reason` then says why.
 
-    nodes: tuple[Node, ...] = ()
+    `nodes` may be given as any sequence (it is then indexed once, and held in name order); the live caches
+    pass the `NodeList` of their index's current view instead, which costs nothing to hand over. The
+    decisions read `index` (webhook.policy.node_index), never scan `nodes`."""
+
+    nodes: Sequence[Node] = ()
     runtime_classes: Mapping[str, RuntimeClass] = field(default_factory=dict)
     namespaces: Mapping[str, Namespace] = field(default_factory=dict)
     claim_templates: Mapping[tuple[str, str], ClaimTemplate] = field(default_factory=dict)
     synced: bool = True
     reason: str = ""
+    index: NodeView = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        nodes = self.nodes
+        view = nodes.view if isinstance(nodes, NodeList) else NodeIndex.build(nodes).view()
+        object.__setattr__(self, "index", view)
+        object.__setattr__(self, "nodes", view.node_list)
 
     def namespace_labels(self, name: str | None) -> Mapping[str, str] | None:
         """The labels of a namespace, or None when it is not known (or the snapshot is not synced)."""
@@ -130,7 +145,7 @@ def snapshot_of(nodes: Iterable[Node], runtime_classes: Iterable[RuntimeClass], 
                 claim_templates: Iterable[ClaimTemplate], *, synced: bool = True, reason: str = "") -> Snapshot:
     """A snapshot from parsed objects: nodes in name order, the rest keyed as the checks look them up."""
     return Snapshot(
-        nodes=tuple(sorted(nodes, key=lambda n: n.name)),
+        nodes=nodes if isinstance(nodes, NodeList) else tuple(nodes),
         runtime_classes={r.name: r for r in runtime_classes},
         namespaces={n.name: n for n in namespaces},
         claim_templates={(c.namespace, c.name): c for c in claim_templates},
@@ -148,6 +163,11 @@ def _list(value: Any) -> list[Any]:
 
 def _strings(value: Any) -> dict[str, str]:
     return {str(k): str(v) for k, v in mapping(value).items()}
+
+
+def _interned(value: Any) -> dict[str, str]:
+    """Labels with keys and values interned: the same strings repeat on every node of a pool, held once."""
+    return {sys.intern(str(k)): sys.intern(str(v)) for k, v in mapping(value).items()}
 
 
 def object_key(obj: Mapping[str, Any]) -> tuple[str, str]:
@@ -176,7 +196,7 @@ def node_from_api(obj: Mapping[str, Any]) -> Node:
         isinstance(c, dict) and c.get("type") == "Ready" and c.get("status") == "True"
         for c in _list(status.get("conditions"))
     )
-    return Node(str(meta.get("name") or ""), _strings(meta.get("labels")), taints, allocatable, ready,
+    return Node(str(meta.get("name") or ""), _interned(meta.get("labels")), taints, allocatable, ready,
                 bool(spec.get("unschedulable")))
 
 
@@ -393,17 +413,76 @@ def selects(node: Node, where: Placement) -> bool:
 
 
 def eligible_nodes(snapshot: Snapshot, where: Placement, resource: str) -> list[Node]:
-    """Ready nodes that the placement selects, whose hard taints it tolerates, and that offer `resource`."""
-    return [
-        n for n in snapshot.nodes
-        if n.ready and n.offers(resource) > 0 and selects(n, where) and not untolerated(n, where.tolerations)
-    ]
+    """Ready nodes that the placement selects, whose hard taints it tolerates, and that offer `resource`
+    (in name order; read from the nodes that offer `resource`, not from every node)."""
+    admits = eligible_query(where, resource).admits
+    view = snapshot.index
+    return [view.nodes[name] for name in sorted(view.offers(resource)) if admits(view.nodes[name]) >= 0]
+
+
+def eligible_query(where: Placement, resource: str) -> Query:
+    """The index query for `eligible_nodes`: the offer of `resource` of an eligible node, else -1."""
+    tolerations = where.tolerations
+
+    def admits(node: Node) -> int:
+        offer = node.allocatable.get(resource, 0)
+        if offer <= 0 or not node.ready or not selects(node, where) or untolerated(node, tolerations):
+            return -1
+        return offer
+
+    return Query("eligible", (resource,), tuple(sorted(where.node_selector.items())), canonical(where.node_affinity),
+                 canonical(tolerations), admits, labels_read(where), time_sliced)
+
+
+def matched_query(where: Placement, resources: Sequence[str], *, ready: bool = False) -> Query:
+    """The index query for the nodes that offer any of `resources` and that the placement selects, whatever
+    their taints (`ready`: and Ready; else whatever their readiness too)."""
+    wanted = tuple(sorted(set(resources)))
+
+    def admits(node: Node) -> int:
+        if ready and not node.ready:
+            return -1
+        return 0 if any(node.allocatable.get(r, 0) > 0 for r in wanted) and selects(node, where) else -1
+
+    return Query("ready" if ready else "matched", wanted, tuple(sorted(where.node_selector.items())),
+                 canonical(where.node_affinity), "", admits, labels_read(where), time_sliced)
+
+
+def time_sliced(node: Node) -> bool:
+    """GPU Feature Discovery says the node shares each GPU between Pods (`sharing`): time-slicing or MPS, or
+    `nvidia.com/gpu.replicas` above 1. The index counts these nodes per query."""
+    return sharing(node) is not None
+
+
+def labels_read(where: Placement) -> frozenset[str]:
+    """The node labels a placement's nodeSelector and required node affinity look at."""
+    keys = {*where.node_selector, REPLICAS_LABEL, SHARING_LABEL}  # and what `time_sliced` reads
+    required = mapping(mapping(where.node_affinity).get("requiredDuringSchedulingIgnoredDuringExecution"))
+    for term in _list(required.get("nodeSelectorTerms")):
+        keys.update(str(mapping(e).get("key") or "") for e in _list(mapping(term).get("matchExpressions")))
+    return frozenset(keys)
+
+
+def gpu_nodes(snapshot: Snapshot, where: Placement, resources: Sequence[str],
+              narrowed_by: Mapping[str, str] | None = None, *, ready: bool = False) -> Summary:
+    """How many nodes offer any of `resources` and are selected by the placement (with `narrowed_by` added to
+    its nodeSelector: none when the two disagree on a key), the first of them by name, and how many of them are
+    time-sliced (`ready`: Ready nodes only)."""
+    if narrowed_by:
+        if any(where.node_selector.get(k, v) != v for k, v in narrowed_by.items()):
+            return Summary()
+        where = Placement({**where.node_selector, **narrowed_by}, where.tolerations, where.node_affinity,
+                          where.runtime_class, where.runtime_class_injected)
+    return snapshot.index.summary(matched_query(where, resources, ready=ready))
 
 
 def hosting_nodes(snapshot: Snapshot, where: Placement, resources: Sequence[str]) -> Iterator[Node]:
     """Ready nodes that advertise one of `resources` and that the placement selects (taints aside: the class
-    adds its tolerations), lazily: "is there one?" stops at the first. The nodes a default must leave the Pod."""
-    return (n for n in snapshot.nodes if n.ready and any(n.offers(r) > 0 for r in resources) and selects(n, where))
+    adds its tolerations), in name order, read from the nodes that offer them. The nodes a default must leave the
+    Pod; `gpu_nodes(..., ready=True)` counts them without reading nodes."""
+    view = snapshot.index
+    names = sorted(set().union(*(view.offers(r) for r in resources)))
+    return (n for n in map(view.nodes.__getitem__, names) if n.ready and selects(n, where))
 
 
 def product_of(node: Node) -> str:
@@ -479,43 +558,61 @@ def runtime_class_problem(snapshot: Snapshot, where: Placement, class_name: str)
 
 def capacity_findings(snapshot: Snapshot, where: Placement, resource: str, count: int,
                       class_name: str) -> list[Finding]:
-    """gpu-never-schedulable or gpu-class-no-node for one resource, or nothing when some node fits."""
-    eligible = eligible_nodes(snapshot, where, resource)
+    """gpu-never-schedulable or gpu-class-no-node for one resource, or nothing when some node fits.
+
+    Reads the index's answer for the placement (O(1) once the query is tracked); only a Pod that no node
+    fits pays for the explanation (`no_node_reason`)."""
+    eligible = snapshot.index.summary(eligible_query(where, resource))
     selector = where.describe_selector()
-    if not eligible:
+    if eligible.largest is None:
         why = no_node_reason(snapshot, where, resource)
         return [("gpu-class-no-node",
                  f"class {class_name} (nodeSelector {selector}) matches no Ready node that advertises {resource}, "
                  f"so the Pod would stay Pending: {why}")]
-    largest = max(eligible, key=lambda n: (n.offers(resource), n.name))
-    most = largest.offers(resource)
+    most, largest = eligible.largest
     if count <= most:
         return []
     return [("gpu-never-schedulable",
              f"the Pod asks for {count} {resource} but the largest Ready node of class {class_name} "
-             f"(nodeSelector {selector}) offers {most} ({largest.name}; {len(eligible)} node"
-             f"{'s' if len(eligible) != 1 else ''} match): it would stay Pending with Insufficient {resource} "
+             f"(nodeSelector {selector}) offers {most} ({largest}; {eligible.count} node"
+             f"{'s' if eligible.count != 1 else ''} match): it would stay Pending with Insufficient {resource} "
              f"forever; ask for at most {most} per Pod, or split the work across Pods")]
 
 
 def no_node_reason(snapshot: Snapshot, where: Placement, resource: str) -> str:
-    """Why no node fits, in the words of the most likely cause."""
-    selected = [n for n in snapshot.nodes if selects(n, where)]
-    offering = [n for n in snapshot.nodes if n.offers(resource) > 0]
-    chosen = [n for n in offering if selects(n, where)]
+    """Why no node fits, in the words of the most likely cause.
+
+    Looks only at the nodes that offer `resource`, `nvidia.com/gpu.shared` or a MIG resource (once per
+    snapshot and placement), except in one case: when no node offers `resource` and the shared or MIG nodes
+    are not selected, whether any node at all is selected decides where to look (a scan that stops at the
+    first selected node)."""
+    view = snapshot.index
+    key = ("why", resource, tuple(sorted(where.node_selector.items())), canonical(where.node_affinity),
+           canonical(where.tolerations))
+    found = view.memo.get(key)
+    if found is None:
+        found = view.memo[key] = _no_node_reason(view, where, resource)
+    return found
+
+
+def _no_node_reason(view: NodeView, where: Placement, resource: str) -> str:
+    nodes = view.nodes
+    offering = view.offers(resource)
+    chosen = sorted((nodes[name] for name in offering if selects(nodes[name], where)), key=lambda n: n.name)
     if not chosen:
-        shared = _shared_instead(selected or snapshot.nodes if not offering else selected, resource)
+        shared = _shared_instead(view, where, resource, restricted=bool(offering))
         if shared:
             return shared
     if not offering:
         return (f"no node in the cluster advertises {resource} in allocatable; check that its device plugin runs "
                 "on the GPU nodes")
-    suffixed = _product_suffix_reason(offering, where.node_selector)
+    suffixed = _product_suffix_reason([nodes[name] for name in offering], where.node_selector)
     if suffixed:
         return suffixed
     if not chosen:
+        first = [nodes[name] for name in view.first_names(offering)]
         shown = " | ".join(f"{n.name}: {', '.join(selector_mismatches(n, where.node_selector)) or 'node affinity'}"
-                           for n in offering[:_SHOWN])
+                           for n in first)
         plural = "s advertise" if len(offering) != 1 else " advertises"
         return (f"{len(offering)} node{plural} {resource} but none matches ({shown}); pick the class you meant with "
                 "the class labels")
@@ -529,40 +626,51 @@ def no_node_reason(snapshot: Snapshot, where: Placement, resource: str) -> str:
             "not Ready; wait for it, or pick another class with the class labels")
 
 
-def _shared_instead(pool: Sequence[Node], resource: str) -> str | None:
-    """Whole GPUs asked for where the device plugin advertises them renamed (sharing) or split (MIG mixed)."""
+def _shared_instead(view: NodeView, where: Placement, resource: str, *, restricted: bool) -> str | None:
+    """Whole GPUs asked for where the device plugin advertises them renamed (sharing) or split (MIG mixed).
+
+    Among the selected nodes; when none is selected and no node offers `resource` (`restricted` False), among
+    all nodes."""
     if resource != WHOLE_GPU:
         return None
-    renamed = [n for n in pool if n.offers(SHARED_GPU) > 0]
+    nodes = view.nodes
+    pool: Callable[[str], bool] = lambda name: selects(nodes[name], where)  # noqa: E731
+    if not restricted and not any(selects(n, where) for n in nodes.values()):
+        pool = lambda name: True  # noqa: E731
+    renamed = [name for name in view.offers(SHARED_GPU) if pool(name)]
     if renamed:
-        return _renamed(renamed)
-    mig = sorted({r for n in pool for r, v in n.allocatable.items() if r.startswith(MIG_PREFIX) and v > 0})
+        return _renamed(sorted(renamed))
+    mig = sorted(r for r, offers in view.offering.items()
+                 if r.startswith(MIG_PREFIX) and any(pool(name) for name in offers))
     if mig:
         return (f"no node advertises whole GPUs there: MIG mixed strategy splits them into {', '.join(mig)}; "
                 f"request one of those")
     return None
 
 
-def _renamed(nodes: Sequence[Node]) -> str:
-    names = ", ".join(n.name for n in nodes[:_SHOWN])
-    return (f"{names} advertise{'s' if len(nodes) == 1 else ''} {SHARED_GPU} instead: time-slicing or MPS with "
+def _renamed(names: Sequence[str]) -> str:
+    shown = ", ".join(names[:_SHOWN])
+    return (f"{shown} advertise{'s' if len(names) == 1 else ''} {SHARED_GPU} instead: time-slicing or MPS with "
             f"renameByDefault renames the resource; request {SHARED_GPU}")
 
 
-def _product_suffix_reason(offering: Sequence[Node], selector: Mapping[str, str]) -> str | None:
-    """The selector names a GPU product that the nodes carry only with a sharing or MIG suffix."""
+def _product_suffix_reason(offering: Iterable[Node], selector: Mapping[str, str]) -> str | None:
+    """The selector names a GPU product that the nodes carry only with a sharing or MIG suffix (the first such
+    node by name)."""
     wanted = selector.get(PRODUCT_LABEL)
     if wanted is None:
         return None
-    for node in offering:
-        have = node.labels.get(PRODUCT_LABEL, "")
-        if have == wanted + SHARED_SUFFIX:
-            return (f"{node.name} has {PRODUCT_LABEL}={have}: time-slicing appends {SHARED_SUFFIX} to the product "
-                    f"label; select {have} in the class")
-        if have.startswith(wanted + MIG_INFIX):
-            return (f"{node.name} has {PRODUCT_LABEL}={have}: MIG single mode appends the profile to the product "
-                    f"label; select {have} in the class")
-    return None
+    suffixed = [n for n in offering if n.labels.get(PRODUCT_LABEL, "") == wanted + SHARED_SUFFIX
+                or n.labels.get(PRODUCT_LABEL, "").startswith(wanted + MIG_INFIX)]
+    if not suffixed:
+        return None
+    node = min(suffixed, key=lambda n: n.name)
+    have = node.labels.get(PRODUCT_LABEL, "")
+    if have == wanted + SHARED_SUFFIX:
+        return (f"{node.name} has {PRODUCT_LABEL}={have}: time-slicing appends {SHARED_SUFFIX} to the product "
+                f"label; select {have} in the class")
+    return (f"{node.name} has {PRODUCT_LABEL}={have}: MIG single mode appends the profile to the product "
+            f"label; select {have} in the class")
 
 
 def sharing(node: Node) -> str | None:
@@ -586,6 +694,8 @@ def time_sliced_findings(snapshot: Snapshot, where: Placement, resource: str, co
     over = [(at, n) for at, n in containers if n > 1]
     if resource not in (WHOLE_GPU, SHARED_GPU) or not over:
         return []
+    if not snapshot.index.summary(eligible_query(where, resource)).time_sliced:
+        return []  # no eligible node shares its GPUs: the usual case, answered by the index
     landing = [n for n in eligible_nodes(snapshot, where, resource) if n.offers(resource) >= count]
     shared = [(n, how) for n in landing if (how := sharing(n)) is not None]
     if not landing or len(shared) != len(landing):
