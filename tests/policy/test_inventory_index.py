@@ -140,7 +140,7 @@ def linear_gpu_nodes(snapshot: Snapshot, where: Placement, resources: Sequence[s
         matched = [n for n in matched if all(n.labels.get(k) == want for k, want in narrowed_by.items())]
     sliced = sum(1 for n in matched if (n.labels.get("nvidia.com/gpu.replicas", "1").isdigit()
                                            and int(n.labels.get("nvidia.com/gpu.replicas", "1")) > 1)
-                 or n.labels.get("nvidia.com/gpu.sharing-strategy") == "time-slicing")
+                 or n.labels.get("nvidia.com/gpu.sharing-strategy") in ("time-slicing", "mps"))
     return Summary(len(matched), tuple(n.name for n in matched[:SHOWN]), None, sliced)
 
 
