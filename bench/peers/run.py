@@ -13,9 +13,10 @@ controller started here with the admin kubeconfig and its webhook on 127.0.0.1.
   DEVELOPMENT.md "Debugging local code" says; it makes its own certificates and webhook configurations. Admission
   reports are off: no reports controller runs to consume them.
 - Gatekeeper v3.23: the release manifest of the module (deploy/gatekeeper.yaml) without its Deployments; the
-  controller manager with the webhook Deployment's arguments (operations webhook and mutation-webhook, no audit)
-  plus --disable-cert-rotation and a certificate made here; its two webhook configurations are registered with a
-  URL, like gpu-webhook's.
+  controller manager with the webhook Deployment's arguments (operations webhook and mutation-webhook) plus the
+  audit Deployment's generate, status and mutation-status (the audit scan itself is off), --disable-cert-rotation
+  and a certificate made here; a stand-in Pod object for POD_NAME (Gatekeeper owns its status objects by it); its
+  two webhook configurations are registered with a URL, like gpu-webhook's.
 
 Only one engine is registered at a time: gpu-webhook and Gatekeeper by applying or deleting their webhook
 configurations, Kyverno by applying or deleting its ClusterPolicies (Kyverno owns its webhook configurations and
@@ -315,6 +316,19 @@ class Kyverno(Engine):
         cluster.kubectl("delete", "clusterpolicy", "--all", "--ignore-not-found", timeout=120)
 
 
+STAND_IN_POD: Json = {
+    "apiVersion": "v1", "kind": "Pod",
+    "metadata": {"name": "gatekeeper-out-of-cluster", "namespace": "gatekeeper-system",
+                 "labels": {"app": "gatekeeper-stand-in"},
+                 "annotations": {"description": "stand-in for Gatekeeper run out of cluster by bench/peers/run.py"}},
+    "spec": {"schedulerName": "stand-in-never-scheduled",
+             "securityContext": {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}},
+             "containers": [{"name": "manager", "image": "openpolicyagent/gatekeeper-stand-in:none",
+                             "securityContext": {"allowPrivilegeEscalation": False,
+                                                 "capabilities": {"drop": ["ALL"]}}}]},
+}
+
+
 class Gatekeeper(Engine):
     """Gatekeeper's controller manager out of cluster (its Makefile's `run`, with the webhook Deployment's flags)."""
 
@@ -330,6 +344,9 @@ class Gatekeeper(Engine):
         hooks = [d for d in release if d["kind"] in ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration")]
         keep = [d for d in release if d not in hooks and d["kind"] not in ("Deployment",)]
         cluster.kubectl("apply", "--server-side", "-f", "-", input=yaml.safe_dump_all(keep), timeout=120)
+        # Gatekeeper owns its status objects by its own Pod (POD_NAME), which must exist: a stand-in Pod object for
+        # the process running here, which never schedules (no such scheduler).
+        cluster.kubectl("apply", "-f", "-", input=json.dumps(STAND_IN_POD))
         port = free_port()
         certs = work / "gatekeeper-certs"
         certs.mkdir()
@@ -350,6 +367,9 @@ class Gatekeeper(Engine):
         container = deployment["spec"]["template"]["spec"]["containers"][0]
         health = free_port()
         args = [a for a in container["args"] if not a.startswith("--port=")]
+        # The release runs these in its audit Deployment: creating each template's constraint CRD (generate) and
+        # the status objects. One process here, without the periodic audit (not part of admission).
+        args += ["--operation=generate", "--operation=status", "--operation=mutation-status"]
         args += [f"--port={port}", f"--host={LOOPBACK}", f"--cert-dir={certs}", "--disable-cert-rotation",
                  f"--health-addr={LOOPBACK}:{health}", f"--metrics-addr={LOOPBACK}:{free_port()}"]
         env = dict(os.environ) | {"POD_NAMESPACE": "gatekeeper-system", "POD_NAME": "gatekeeper-out-of-cluster",
