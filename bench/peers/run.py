@@ -49,7 +49,7 @@ import sys
 import tempfile
 import time
 import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -94,7 +94,7 @@ def _run(argv: list[str], what: str, timeout: float = 3600, **kwargs: Any) -> st
     done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False, **kwargs)
     if done.returncode != 0:
         raise EngineError(f"{what} failed (exit {done.returncode}): {' '.join(argv)}\n{done.stderr[-4000:]}")
-    return done.stdout
+    return str(done.stdout)
 
 
 def build(engine: str) -> Path:
@@ -298,7 +298,7 @@ class Kyverno(Engine):
                 raise EngineError(f"kyverno exited {self.procs[0].popen.returncode}:\n{self.procs[0].log_tail()}")
             done = cluster.kubectl("get", "validatingwebhookconfiguration", "kyverno-policy-validating-webhook-cfg",
                                    check=False)
-            return done.returncode == 0
+            return bool(done.returncode == 0)
 
         wait_until(registered, 180, "Kyverno to register its webhook configurations")
 
@@ -493,12 +493,13 @@ def corpus() -> list[Document]:
 
 def pod_spec(obj: Json) -> Json | None:
     """The pod spec an object carries (a Pod's, a template's, a CronJob's job template's), or None."""
-    spec = obj.get("spec") or {}
+    spec: Json = obj.get("spec") or {}
     if obj.get("kind") == "Pod":
         return spec
     if obj.get("kind") == "CronJob":
-        return ((spec.get("jobTemplate") or {}).get("spec") or {}).get("template", {}).get("spec")
-    return (spec.get("template") or {}).get("spec")
+        spec = (spec.get("jobTemplate") or {}).get("spec") or {}
+    found = (spec.get("template") or {}).get("spec")
+    return dict(found) if isinstance(found, dict) else None
 
 
 def placement(obj: Json) -> str:
@@ -512,7 +513,7 @@ def placement(obj: Json) -> str:
         parts.append("sel " + ",".join(f"{k}={v}" for k, v in sorted(selector.items())))
     tolerations = [t for t in spec.get("tolerations") or [] if t.get("key") == GPU]
     if tolerations:
-        parts.append(f"tol×{len(tolerations)}")
+        parts.append(f"tol×{len(tolerations)}")  # noqa: RUF001 (a multiplication sign, on purpose)
     if spec.get("runtimeClassName"):
         parts.append(f"rc {spec['runtimeClassName']}")
     return "; ".join(parts) or "-"
@@ -529,7 +530,9 @@ def denial(stderr: str, engine: str) -> str:
     if "no matches for kind" in text or "ensure CRDs are installed" in text:
         return "no such kind (CRD not installed)"
     if "AlreadyExists" in text:
-        return "exists already (made for the file's other documents)"
+        return "exists already in the test cluster"
+    if "(BadRequest)" in text:
+        return "bad request (API server: " + text.rsplit(":", 1)[-1].strip()[:60] + ")"
     return "error: " + text[:80]
 
 
@@ -563,7 +566,8 @@ def print_outcomes(columns: list[str], table: dict[str, dict[str, str]]) -> None
     print("|---" * (len(columns) + 1) + "|")
     for source, cells in table.items():
         print(f"| {source} | " + " | ".join(cells.get(c, "") for c in columns) + " |")
-    differ = [s for s, cells in table.items() if len({cells.get(c) for c in columns if c != "no policy"}) > 1]
+    differ = [s for s, cells in table.items()
+              if len({cells.get(c, "").replace(" (warning)", "") for c in columns if c != "no policy"}) > 1]
     print(f"\n{len(table)} documents; the engines disagree on {len(differ)}:\n")
     for source in differ:
         print(f"- {source}")
@@ -654,6 +658,7 @@ def cost(cluster: Cluster, engines: list[Engine], creates: int, rounds: int) -> 
         pods.append(pod)
     apiserver = cluster.procs["kube-apiserver"]
     merged = {e.name: Batch() for e in engines}
+    print(f"(cost run starts; load average {os.getloadavg()[0]:.2f})", file=sys.stderr)
     for round_index in range(rounds):
         order = engines[round_index % len(engines):] + engines[:round_index % len(engines)]
         for engine in order:
@@ -783,7 +788,7 @@ def main() -> int:
                     proc.stop()
                 traceback.print_exc(file=sys.stderr)
         try:
-            print(f"## gpu-webhook, Kyverno and Gatekeeper on kube-apiserver v1.36.3 (bench/peers/run.py)\n")
+            print("## gpu-webhook, Kyverno and Gatekeeper on kube-apiserver v1.36.3 (bench/peers/run.py)\n")
             print("| engine | version | processes |")
             print("|---|---|---|")
             for engine in engines[1:]:
