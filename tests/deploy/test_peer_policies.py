@@ -1,11 +1,15 @@
 """The peers' GPU policies in bench/peers/policies (Kyverno, Gatekeeper) parse, have the expected kinds, and say
 the same class map as the packaged rules (rules/gpu-policy.yaml): the same class values, defaults, exempt
 namespaces and injected fields. The peers themselves are never built or run here (bench/peers/run.py does that);
-this keeps the comparison honest when the rules change.
+this keeps the comparison honest when the rules change. The harness's parsing (the API server's histogram, the
+outcome cells) is checked on fixed inputs.
 """
 
 from __future__ import annotations
 
+import functools
+import importlib.util
+import sys
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -126,3 +130,68 @@ def test_gatekeeper_mutators_reproduce_the_class_map() -> None:
               if d["kind"] == "Assign" and not d["spec"]["location"].startswith("spec.nodeSelector.")}
     assert common == {"spec.runtimeClassName": COMMON["runtimeClassName"],
                       'spec.tolerations[key: "nvidia.com/gpu"]': COMMON["tolerations"][0]}
+
+
+# ----------------------------------------------------------------------------------------- the harness's parsing
+
+@functools.cache
+def _harness() -> Any:
+    """bench/peers/run.py as a module (it imports tests/e2e/cluster.py; nothing is started)."""
+    spec = importlib.util.spec_from_file_location("bench_peers_run", REPO / "bench" / "peers" / "run.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up while the class is made
+    spec.loader.exec_module(module)
+    return module
+
+
+_METRIC = "apiserver_admission_webhook_admission_duration_seconds"
+_GPU_CREATE = 'name="mutate.gpu-webhook.io",operation="CREATE",rejected="false",type="admit"'
+_GPU_UPDATE = 'name="mutate.gpu-webhook.io",operation="UPDATE",rejected="true",type="admit"'
+_GK = 'name="validation.gatekeeper.sh",operation="CREATE",rejected="false",type="validating"'
+METRICS = "\n".join([
+    f"# TYPE {_METRIC} histogram",
+    f'{_METRIC}_bucket{{{_GPU_CREATE},le="0.005"}} 3',
+    f'{_METRIC}_bucket{{{_GPU_CREATE},le="+Inf"}} 4',
+    f"{_METRIC}_sum{{{_GPU_CREATE}}} 0.012",
+    f"{_METRIC}_count{{{_GPU_CREATE}}} 4",
+    f"{_METRIC}_sum{{{_GPU_UPDATE}}} 0.003",
+    f"{_METRIC}_count{{{_GPU_UPDATE}}} 1",
+    f"{_METRIC}_sum{{{_GK}}} 0.5",
+    f"{_METRIC}_count{{{_GK}}} 10",
+])
+
+
+def test_harness_sums_the_api_servers_histogram_per_webhook() -> None:
+    parsed = _harness().histogram(METRICS, _METRIC)
+    assert {name: (round(total, 6), count) for name, (total, count, _) in parsed.items()} == {
+        "mutate.gpu-webhook.io": (0.015, 5.0), "validation.gatekeeper.sh": (0.5, 10.0)}
+    assert parsed["mutate.gpu-webhook.io"][2] == {0.005: 3.0, float("inf"): 4.0}
+
+
+@pytest.mark.parametrize(("obj", "cell"), [
+    pytest.param({"kind": "Pod", "spec": {"nodeSelector": {"workload": "training", "gpu-type": "a100"},
+                                          "tolerations": [{"key": "nvidia.com/gpu"}, {"key": "other"}],
+                                          "runtimeClassName": "nvidia"}},
+                 "sel gpu-type=a100,workload=training; tol×1; rc nvidia", id="pod"),  # noqa: RUF001
+    pytest.param({"kind": "Deployment", "spec": {"template": {"spec": {"runtimeClassName": "nvidia"}}}},
+                 "rc nvidia", id="template"),
+    pytest.param({"kind": "CronJob", "spec": {"jobTemplate": {"spec": {"template": {"spec": {}}}}}}, "-",
+                 id="cronjob-nothing-placed"),
+    pytest.param({"kind": "ConfigMap", "data": {}}, "(no pod spec)", id="no-pod-spec"),
+])
+def test_harness_placement_cells(obj: Json, cell: str) -> None:
+    assert _harness().placement(obj) == cell
+
+
+@pytest.mark.parametrize(("stderr", "cell"), [
+    pytest.param('Error from server (Forbidden): error when creating "STDIN": admission webhook '
+                 '"validation.gatekeeper.sh" denied the request: [gpu-policy] ...',
+                 "denied by validation.gatekeeper.sh", id="webhook"),
+    pytest.param('The Pod "x" is invalid: spec.containers[0].resources.limits: Required value',
+                 "invalid (API server)", id="api-server"),
+    pytest.param('error: resource mapping not found for name: "x": no matches for kind "RayJob" in version "ray.io/v1"'
+                 "\nensure CRDs are installed first", "no such kind (CRD not installed)", id="no-crd"),
+])
+def test_harness_denial_cells(stderr: str, cell: str) -> None:
+    assert _harness().denial(stderr, "any") == cell
