@@ -24,8 +24,9 @@ derives their rules from the policies). Every engine's processes run for the who
 
 Three parts, each printed as markdown for docs/comparison.md:
 - outcomes: every document of tests/data/manifests and of /work/shared/fixtures/real-manifests (read from there,
-  never copied) through `kubectl create --dry-run=server` with each engine and with none: allowed or denied, and
-  the final object's placement (nodeSelector, GPU tolerations, runtimeClassName);
+  never copied), and two Pods defined here whose own node selection meets the class map, through
+  `kubectl create --dry-run=server` with each engine and with none: allowed or denied, and the final object's
+  placement (nodeSelector, GPU tolerations, runtimeClassName);
 - messages: what `kubectl apply` prints for three typical mistakes, per engine;
 - cost: one interleaved run (rounds x engines in rotating order, same Pod mix): Pod-create p50/p99 through the API
   server, CPU seconds per 1,000 admissions of each engine's processes and of the API server (/proc), RSS and PSS
@@ -488,7 +489,21 @@ def corpus() -> list[Document]:
             suffix = f"#{index}" if len(expanded) > 1 else ""
             name = (doc.get("metadata") or {}).get("name") or (doc.get("metadata") or {}).get("generateName", "")
             out.append(Document(f"{label}{suffix} {doc.get('kind', '?')}/{name}", doc))
-    return out
+    return out + placement_cases()
+
+
+def placement_cases() -> list[Document]:
+    """Pods the corpus lacks, where the Pod's own node selection meets the class map (defined here, in the harness):
+    one selects the training nodes by their node label and says nothing else; one is labelled training but selects
+    a T4 by the well-known `accelerator` label."""
+    by_node_label = probe_pod("selects-training", {}, 1)
+    by_node_label["spec"]["nodeSelector"] = {"workload": "training"}
+    contradicting = probe_pod("training-on-t4", {WORKLOAD: "training"}, 1)
+    contradicting["spec"]["nodeSelector"] = {"accelerator": "nvidia-tesla-t4"}
+    for pod in (by_node_label, contradicting):
+        pod["spec"].pop("schedulerName")
+    return [Document("harness: nodeSelector workload=training, no labels", by_node_label),
+            Document("harness: label workload=training, nodeSelector accelerator=nvidia-tesla-t4", contradicting)]
 
 
 def pod_spec(obj: Json) -> Json | None:
