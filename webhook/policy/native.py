@@ -89,6 +89,8 @@ def placement_of(rule: str) -> tuple[str, str]:
     """(where the rule runs in hybrid mode, why), for `gpu-webhook rules`."""
     if rule in WEBHOOK_ONLY:
         return WEBHOOK, WEBHOOK_ONLY[rule]
+    if rule == "gpu-quantity-invalid":
+        return NATIVE, "the API server itself refuses a value that is not a quantity, before any admission stage"
     if rule in API_VALIDATED:
         return NATIVE, "CEL on Pods and pod templates (for Pods the API server's own validation answers first)"
     if rule in ("gpu-class-conflict", "gpu-class-skipped", "gpu-class-unknown", "gpu-class-not-allowed"):
