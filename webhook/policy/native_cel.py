@@ -75,6 +75,11 @@ def _count(expr: str) -> str:
             f"quantity(string({expr})).asInteger() >= 0 ? quantity(string({expr})).asInteger() : 0)")
 
 
+def _nonzero(expr: str) -> str:
+    return f"!(isQuantity(string({expr})) && quantity(string({expr})).isInteger() && " \
+           f"quantity(string({expr})).asInteger() == 0)"
+
+
 def _gpu(name: str, placed: bool = False) -> str:
     extra = "r.classes && " if placed else ""
     return f"{P}.resources.exists(gr, {extra.replace('r.', 'gr.')}{name}.matches(gr.regex))"
@@ -93,9 +98,11 @@ def _variables_gpu() -> list[tuple[str, str]]:
                     f"variables.initial.filter(c, {sidecar}).map(c, {_limit_count('c', True)}).sum()"),
         ("initPeak", f"variables.initial.filter(c, !{sidecar}).map(c, {_limit_count('c', True)})"),
         ("gpus", "variables.initPeak.exists(n, n > variables.regular) ? variables.initPeak.max() : variables.regular"),
+        # A GPU spec, as the engine counts one: some GPU quantity that is not exactly 0 (a wrong one counts too).
         ("anyGPU", "(variables.spec.containers + variables.initial).exists(c, has(c.resources) && "
-                   f"((has(c.resources.limits) && c.resources.limits.exists(r, {_gpu('r')})) || "
-                   f"(has(c.resources.requests) && c.resources.requests.exists(r, {_gpu('r')}))))"),
+                   f"((has(c.resources.limits) && c.resources.limits.exists(r, {_gpu('r')} && "
+                   f"{_nonzero('c.resources.limits[r]')})) || (has(c.resources.requests) && "
+                   f"c.resources.requests.exists(r, {_gpu('r')} && {_nonzero('c.resources.requests[r]')}))))"),
         ("deferred", "(has(variables.spec.affinity) && has(variables.spec.affinity.nodeAffinity) && "
                      "has(variables.spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution)) || "
                      "(variables.spec.containers + variables.initial).exists(c, has(c.resources) && "
