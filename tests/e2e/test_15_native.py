@@ -96,6 +96,23 @@ def corpus() -> list[tuple[str, dict[str, Any]]]:
                     item.setdefault("metadata", {}).pop("namespace", None)
                     where = f"{path.parent.name}/{path.name}" if path.parent == REAL else str(path.relative_to(REPO))
                     out.append((f"{where} {item['kind']}/{item['metadata'].get('name') or '?'}", item))
+    return out + rule_case_objects()
+
+
+def rule_case_objects() -> list[tuple[str, dict[str, Any]]]:
+    """The inline objects of the rule test cases that run on the packaged rules (CREATE at /mutate, no namespace
+    of their own)."""
+    out = []
+    for path in sorted((REPO / "tests" / "rule-cases").glob("*.yaml")):
+        for doc in yaml.safe_load_all(path.read_text()):
+            for case in (doc or {}).get("cases") or []:
+                obj = case.get("object")
+                if (not isinstance(obj, dict) or obj.get("kind") not in KINDS or case.get("mode", "mutate") != "mutate"
+                        or case.get("operation", "CREATE") != "CREATE" or case.get("namespace")):
+                    continue
+                obj = json.loads(json.dumps(obj))
+                obj.setdefault("metadata", {}).pop("namespace", None)
+                out.append((f"tests/rule-cases/{path.name}: {case.get('name', '?')}", obj))
     return out
 
 

@@ -38,7 +38,7 @@ from __future__ import annotations
 import itertools
 import json
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -186,8 +186,9 @@ def _templated(message: str, pod: Json) -> tuple[str, str]:
         if said in message:
             message = message.replace(said, "{selection}")
             quoted = k
-    return message.replace("metadata.labels[", "{meta}.labels[").replace("spec.nodeSelector[", "{spec}.nodeSelector["), \
-        quoted
+    message = message.replace("metadata.labels[", "{meta}.labels[")
+    message = message.replace("spec.nodeSelector[", "{spec}.nodeSelector[")
+    return message, quoted
 
 
 def _plan_of(verdict: Verdict, policy: Policy, pod: Json) -> Json:

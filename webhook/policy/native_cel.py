@@ -96,7 +96,10 @@ def _variables_gpu() -> list[tuple[str, str]]:
     return [
         ("regular", f"variables.spec.containers.map(c, {_limit_count('c', True)}).sum() + "
                     f"variables.initial.filter(c, {sidecar}).map(c, {_limit_count('c', True)}).sum()"),
-        ("initPeak", f"variables.initial.filter(c, !{sidecar}).map(c, {_limit_count('c', True)})"),
+        # Each regular init container with the sidecars declared before it (they are already running).
+        ("initPeak", f"variables.initial.filter(c, !{sidecar}).map(c, {_limit_count('c', True)} + "
+                     f"variables.initial.filter(s, {sidecar.replace('c.', 's.')} && variables.initial.indexOf(s) < "
+                     f"variables.initial.indexOf(c)).map(s, {_limit_count('s', True)}).sum())"),
         ("gpus", "variables.initPeak.exists(n, n > variables.regular) ? variables.initPeak.max() : variables.regular"),
         # A GPU spec, as the engine counts one: some GPU quantity that is not exactly 0 (a wrong one counts too).
         ("anyGPU", "(variables.spec.containers + variables.initial).exists(c, has(c.resources) && "
@@ -224,8 +227,8 @@ def _validations(level: str) -> list[Json]:
         theirs = f"{mine}.filter(f, f.rule == '{rule}')"
         out.append(_rule(rule, level, f"!variables.anyGPU || !variables.tabled || size({theirs}) == 0",
                          f"{theirs}.map(f, f.message.replace('{{meta}}', variables.metaPath).replace('{{spec}}', "
-                         f"variables.specPath).replace('{{namespace}}', request.namespace).replace('{{selection}}', {_SELECTION}))"
-                         f".join('; [{rule}] ')"))
+                         f"variables.specPath).replace('{{namespace}}', request.namespace)"
+                         f".replace('{{selection}}', {_SELECTION})).join('; [{rule}] ')"))
     # gpu-class-conflict: a field the class requires, set to something else.
     required = (f"(has({plan}.required) ? {plan}.required : []).filter(q, q.field in variables.spec && "
                 "string(variables.spec[q.field]) != '' && string(variables.spec[q.field]) != q.value && "
@@ -282,8 +285,7 @@ def _mutating() -> Json:
     plan = "variables.plan"
     extra = [
         ("apply", f"!variables.exempt && variables.gpus > 0 && variables.tabled && !{P}.plans[{P}.table["
-                  "variables.key]].findings.exists(f, {P}.enforcement[f.rule] == 'deny') && !(has("
-                  "object.metadata.annotations) && 'kubernetes.io/config.mirror' in object.metadata.annotations)"
+                  "variables.key]].findings.exists(f, {P}.enforcement[f.rule] == 'deny')"
                   .replace("{P}", P)),
         ("plan", f"variables.tabled ? {P}.plans[{P}.table[variables.key]] : {P}.plans[{P}.table.map(k, k)[0]]"),
         ("addSel", f"variables.apply && has({plan}.nodeSelector) ? {plan}.nodeSelector.filter(k, "
@@ -329,6 +331,7 @@ def _mutating() -> Json:
         "spec": {
             "paramKind": {"apiVersion": PARAMS_API, "kind": PARAMS_KIND},
             "matchConstraints": _match([("", "pods")], ["CREATE"]),
+            "matchConditions": [NOT_A_MIRROR_POD],
             "failurePolicy": "Fail",
             "reinvocationPolicy": "IfNeeded",
             "variables": _variables(extra),
@@ -347,10 +350,13 @@ def _validating(level: str) -> Json:
             # Pod UPDATEs cannot change placement or resources, and a workload UPDATE that keeps its template
             # is not judged (as the webhook).
             "matchConditions": [
+                NOT_A_MIRROR_POD,
                 {"name": "not-a-pod-update", "expression": "request.operation == 'CREATE' || object.kind != 'Pod'"},
-                {"name": "template-changed", "expression": "request.operation == 'CREATE' || object.kind == 'Pod' || oldObject == null || "
-                 "(object.kind == 'PodTemplate' ? object.template != oldObject.template : "
-                 "object.spec != oldObject.spec)"},
+                {"name": "template-changed", "expression": (
+                    "request.operation == 'CREATE' || object.kind == 'Pod' || oldObject == null || "
+                    "(object.kind == 'PodTemplate' ? object.template != oldObject.template : object.kind == 'CronJob' "
+                    "? object.spec.jobTemplate.spec.template != oldObject.spec.jobTemplate.spec.template : "
+                    "object.spec.template != oldObject.spec.template)")},
             ],
             "failurePolicy": "Fail",
             "variables": _variables([]),
@@ -359,8 +365,19 @@ def _validating(level: str) -> Json:
     }
 
 
+# The same scope as the webhook configurations in manifests/base: never the system namespaces nor the webhook's
+# own, and a namespace label to opt out; mirror Pods (the kubelet's copies of static Pods) are never touched.
+NAMESPACE_SELECTOR: Json = {"matchExpressions": [
+    {"key": "kubernetes.io/metadata.name", "operator": "NotIn", "values": ["kube-system", "kube-node-lease",
+                                                                           "gpu-system"]},
+    {"key": "gpu-webhook.io/ignore", "operator": "DoesNotExist"}]}
+NOT_A_MIRROR_POD: Json = {"name": "not-a-mirror-pod", "expression": "!has(object.metadata.annotations) || "
+                          "!('kubernetes.io/config.mirror' in object.metadata.annotations)"}
+
+
 def _binding(kind: str, name: str, actions: list[str] | None) -> Json:
-    spec: Json = {"policyName": name, "paramRef": {"name": PARAMS_NAME, "parameterNotFoundAction": "Deny"}}
+    spec: Json = {"policyName": name, "paramRef": {"name": PARAMS_NAME, "parameterNotFoundAction": "Deny"},
+                  "matchResources": {"namespaceSelector": NAMESPACE_SELECTOR}}
     if actions is not None:
         spec["validationActions"] = actions
     return {"apiVersion": "admissionregistration.k8s.io/v1", "kind": f"{kind}Binding",
