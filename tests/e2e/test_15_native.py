@@ -59,8 +59,9 @@ def apply_native(cluster: Cluster) -> None:
 
 
 def remove_webhooks(cluster: Cluster) -> None:
+    """Unregister gpu-webhook (the configurations manifests/base names `gpu-webhook`) and stop it."""
     for kind in ("mutatingwebhookconfiguration", "validatingwebhookconfiguration"):
-        cluster.kubectl("delete", kind, "--all")
+        cluster.kubectl("delete", kind, "gpu-webhook")
     cluster.stop_webhook()
 
 
