@@ -36,8 +36,8 @@ RULE = re.compile(r"\[(gpu-[a-z-]+)\]")
 NS = "native-diff"
 
 
-def render() -> list[dict[str, Any]]:
-    done = subprocess.run([sys.executable, "-m", "webhook", "policies", "render", "--rules", str(REPO / "rules")],
+def render(rules: Path = REPO / "rules") -> list[dict[str, Any]]:
+    done = subprocess.run([sys.executable, "-m", "webhook", "policies", "render", "--rules", str(rules)],
                           check=True, capture_output=True, text=True)
     return [d for d in yaml.safe_load_all(done.stdout) if d]
 
@@ -236,6 +236,55 @@ def test_a_pod_at_the_size_limits_gets_an_answer_not_a_cost_error(native_cluster
     done = cluster.kubectl("create", "--dry-run=server", "-n", NS, "-f", "-", input=json.dumps(pod), check=False)
     assert "cost" not in done.stderr.lower(), done.stderr
     assert done.returncode != 0 and "[gpu-class-max] the Pod needs 60 GPUs" in done.stderr
+
+
+NAMESPACE_RULES = """\
+apiVersion: gpu-webhook.io/v1alpha1
+kind: GPUPolicy
+metadata: {name: research}
+spec:
+  namespaces:
+    native-research:
+      defaults: {workload: training}
+      allowed: {gpu-type: [a100]}
+"""
+
+
+def test_a_rule_edit_is_a_re_render_and_an_apply_of_the_params_only(native_cluster: tuple[Cluster, list],
+                                                                     tmp_path: Path) -> None:
+    cluster, _ = native_cluster
+    rules = tmp_path / "rules"
+    rules.mkdir()
+    (rules / "00-platform.yaml").write_text((REPO / "rules" / "gpu-policy.yaml").read_text())
+    (rules / "10-research.yaml").write_text(NAMESPACE_RULES)
+    cluster.ensure_namespace("native-research")
+    try:
+        rendered = yaml.safe_dump_all(render(rules))
+        # What the edit changes on the server (`kubectl apply` says "configured" for every policy even when
+        # nothing changes, as it always sends their lists): only the params object.
+        diff = cluster.kubectl("diff", "-f", "-", input=rendered, check=False)
+        assert diff.returncode == 1, diff.stderr
+        changed = sorted({line.split()[-1].rsplit("/", 1)[-1] for line in diff.stdout.splitlines()
+                          if line.startswith("diff ")})
+        assert changed == ["gpu-webhook.io.v1alpha1.GPUClassMap..gpu-webhook"], diff.stdout[:2000]
+        cluster.kubectl("apply", "-f", "-", input=rendered)
+
+        def placed() -> dict[str, Any]:
+            done = cluster.kubectl("create", "--dry-run=server", "-o", "json", "-n", "native-research", "-f", "-",
+                                   input=json.dumps(gpu_pod("plain")))
+            return dict(json.loads(done.stdout))
+
+        pod = wait_until(lambda: (p := placed())["metadata"]["annotations"]["gpu-webhook.io/class"] ==
+                         "workload=training,gpu-type=a100" and p, 30, "the new params to be used")
+        assert pod["spec"]["nodeSelector"] == {"workload": "training", "gpu-type": "a100"}
+        t4 = gpu_pod("t4", labels={"gpu-webhook.io/gpu-type": "t4"})
+        done = cluster.kubectl("create", "--dry-run=server", "-n", "native-research", "-f", "-", input=json.dumps(t4),
+                               check=False)
+        assert done.returncode != 0
+        assert ("[gpu-class-not-allowed] namespace native-research may not use gpu-type t4 (from the label "
+                "gpu-webhook.io/gpu-type); set the label gpu-webhook.io/gpu-type to one of: a100") in done.stderr
+    finally:
+        cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(render()))
 
 
 def test_differential_webhook_vs_native(native_cluster: tuple[Cluster, list]) -> None:
