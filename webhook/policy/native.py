@@ -357,6 +357,20 @@ def params_object(policy: Policy) -> Json:
             "spec": params(policy)}
 
 
+def hybrid_match_conditions(policy: Policy) -> list[Json]:
+    """The matchConditions that narrow the *mutating* webhook, in hybrid mode, to the Pods native mode defers:
+    required node affinity, or a GPU resource with `validFor` (compiled from the rules: a webhook's match
+    conditions cannot read params). The validating webhook keeps every GPU Pod: the cluster-aware rules."""
+    patterns = [_resource_regex(r.pattern) for r in policy.resources if r.valid_for]
+    resources = " || ".join(f"r.matches(r'{p}')" for p in patterns) or "false"  # CEL raw strings
+    deferred = (
+        "(has(object.spec.affinity) && has(object.spec.affinity.nodeAffinity) && "
+        "has(object.spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution)) || "
+        "(object.spec.containers + (has(object.spec.initContainers) ? object.spec.initContainers : [])).exists(c, "
+        f"has(c.resources) && has(c.resources.limits) && c.resources.limits.exists(r, {resources}))")
+    return [{"name": "deferred-by-native-mode", "expression": deferred}]
+
+
 def render(policy: Policy, mode: Mode = "native") -> list[Json]:
     """Every object of native (or hybrid) mode, in apply order: CRD, params, policies, bindings."""
     return [crd(), params_object(policy), *native_cel.policies()]
