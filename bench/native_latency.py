@@ -34,8 +34,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent / "tests" / "e2e"))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "e2e"))
 
 import yaml
 from cluster import Cluster, gpu_pod, running_cluster, wait_until
@@ -43,6 +42,7 @@ from cluster import Cluster, gpu_pod, running_cluster, wait_until
 from webhook.admission.loader import load_policy
 from webhook.policy import native
 
+HERE = Path(__file__).resolve().parent
 MODES = ("none", "native", "hybrid", "webhook")
 MODE_LABEL = "bench.gpu-webhook.io/mode"
 
