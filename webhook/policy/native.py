@@ -44,7 +44,7 @@ from typing import Any, Literal
 
 from webhook.policy import engine, native_cel
 from webhook.policy.findings import Verdict
-from webhook.policy.rules import RULES, Axis, LabelValues, Policy
+from webhook.policy.rules import RULES, Axis, GPUResource, LabelValues, Policy
 
 Mode = Literal["native", "hybrid"]
 Json = dict[str, Any]
@@ -109,6 +109,17 @@ def _regex(values: LabelValues) -> str:
     for pattern in values.patterns:
         alternatives.append("".join(".*" if ch == "*" else "." if ch == "?" else re.escape(ch) for ch in pattern))
     return "^(" + "|".join(alternatives) + ")$"
+
+
+def _is_pattern(name: str) -> bool:
+    return "*" in name or "?" in name
+
+
+def _kind(resource: GPUResource) -> str:
+    """How the classes treat a GPU resource: placed, validFor (placed within some values) or checked only."""
+    if not resource.classes:
+        return "checked"
+    return "validFor" if resource.valid_for else "placed"
 
 
 def _resource_regex(pattern: str) -> str:
@@ -282,6 +293,9 @@ def params(policy: Policy) -> Json:
         "resources": [{"name": r.pattern, "regex": _resource_regex(r.pattern),
                        "maxPerContainer": r.max_per_container or 0, "reason": r.reason or "",
                        "classes": r.classes, "validFor": bool(r.valid_for)} for r in policy.resources],
+        "gpuExact": {r.pattern: _kind(r) for r in policy.resources if not _is_pattern(r.pattern)},
+        "gpuGlobs": [{"regex": _resource_regex(r.pattern), "kind": _kind(r)} for r in policy.resources
+                     if _is_pattern(r.pattern)],
         "gpuRuntimeClasses": sorted(policy.gpu_runtime_classes),
         "gpuTaintKeys": sorted(policy.gpu_taint_keys),
         "enforcement": {rule: policy.enforcement_of(rule) for rule in RULES},
@@ -332,6 +346,9 @@ def crd() -> Json:
             "name": _bounded_string(), "regex": _bounded_string(1024),
             "maxPerContainer": {"type": "integer"}, "reason": _bounded_string(512),
             "classes": {"type": "boolean"}, "validFor": {"type": "boolean"}}}},
+        "gpuExact": _string_map(256, 16),
+        "gpuGlobs": {"type": "array", "maxItems": 64, "items": {"type": "object", "properties": {
+            "regex": _bounded_string(1024), "kind": _bounded_string(16)}}},
         "gpuRuntimeClasses": {"type": "array", "maxItems": 64, "items": _bounded_string()},
         "gpuTaintKeys": {"type": "array", "maxItems": 64, "items": _bounded_string()},
         "enforcement": _string_map(64, 8),

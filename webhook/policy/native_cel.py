@@ -80,14 +80,19 @@ def _nonzero(expr: str) -> str:
            f"quantity(string({expr})).asInteger() == 0)"
 
 
-def _gpu(name: str, placed: bool = False) -> str:
-    extra = "r.classes && " if placed else ""
-    return f"{P}.resources.exists(gr, {extra.replace('r.', 'gr.')}{name}.matches(gr.regex))"
+def _gpu(name: str, kind: str | None = None) -> str:
+    """Whether resource `name` is a GPU (of a `kind`: placed, validFor, checked): a map lookup for exact names,
+    and a regex only for the rules' globs (patterns from params are compiled on every call)."""
+    if kind is None:
+        return f"({name} in {P}.gpuExact || {P}.gpuGlobs.exists(g, {name}.matches(g.regex)))"
+    return (f"({name} in {P}.gpuExact ? {P}.gpuExact[{name}] == '{kind}' : "
+            f"{P}.gpuGlobs.exists(g, g.kind == '{kind}' && {name}.matches(g.regex)))")
 
 
 def _limit_count(c: str, placed: bool) -> str:
     """The GPUs a container asks for in limits."""
-    return (f"(has({c}.resources) && has({c}.resources.limits) ? {c}.resources.limits.filter(r, {_gpu('r', placed)})"
+    gpu = _gpu("r", "placed" if placed else None)
+    return (f"(has({c}.resources) && has({c}.resources.limits) ? {c}.resources.limits.filter(r, {gpu})"
             f".map(r, {_count(f'{c}.resources.limits[r]')}).sum() : 0)")
 
 
@@ -109,9 +114,8 @@ def _variables_gpu() -> list[tuple[str, str]]:
         ("deferred", "(has(variables.spec.affinity) && has(variables.spec.affinity.nodeAffinity) && "
                      "has(variables.spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution)) || "
                      "(variables.spec.containers + variables.initial).exists(c, has(c.resources) && "
-                     "((has(c.resources.limits) && c.resources.limits.exists(r, "
-                     f"{P}.resources.exists(g, g.validFor && r.matches(g.regex)))) || (has(c.resources.requests) && "
-                     f"c.resources.requests.exists(r, {P}.resources.exists(g, g.validFor && r.matches(g.regex))))))"),
+                     f"((has(c.resources.limits) && c.resources.limits.exists(r, {_gpu('r', 'validFor')})) || "
+                     f"(has(c.resources.requests) && c.resources.requests.exists(r, {_gpu('r', 'validFor')}))))"),
         ("nsKey", f"request.namespace in {P}.namespaces ? {P}.namespaces[request.namespace] : '*'"),
         ("key", f"variables.nsKey + {P}.axes.map(a, '#' + (a.label in variables.labels ? variables.labels[a.label] "
                 ": '') + '=' + (a.keys.exists(k, k in variables.sel) ? a.values.filter(v, a.keys.all(k, "
