@@ -149,11 +149,13 @@ def intended(doc: dict[str, Any], webhook: dict[str, Any], native: dict[str, Any
         if ((spec.get("affinity") or {}).get("nodeAffinity") or {}).get(
                 "requiredDuringSchedulingIgnoredDuringExecution"):
             return "deferred to the webhook: " + compiled.DEFERRED["affinity"]
+        families = set()
         for c in [*(spec.get("containers") or []), *(spec.get("initContainers") or [])]:
             names = {**((c.get("resources") or {}).get("limits") or {}), **((c.get("resources") or {}).get("requests")
                                                                              or {})}
-            if any((r := policy.gpu_resource(n)) is not None and r.valid_for for n in names):
-                return "deferred to the webhook: " + compiled.DEFERRED["validFor"]
+            families |= {r.pattern for n in names if (r := policy.gpu_resource(n)) is not None and r.valid_for}
+        if len(families) > 1:
+            return "deferred to the webhook: " + compiled.DEFERRED["validFor"]
     only = set(compiled.WEBHOOK_ONLY)
     said = set(webhook["denied"]) | set(webhook["warned"])
     if said & only and not webhook["allowed"] and not set(webhook["denied"]) - only:

@@ -22,10 +22,10 @@ def _params() -> dict:
 
 
 @pytest.mark.parametrize(("key", "cls", "selector"), [
-    ("*#=*#=*", "workload=inference,gpu-type=t4", {"workload": "inference", "gpu-type": "t4"}),
-    ("*#training=*#=*", "workload=training,gpu-type=a100", {"workload": "training", "gpu-type": "a100"}),
-    ("*#=*#=a100", "workload=training,gpu-type=a100", {"workload": "training"}),  # own selection: not added
-    ("*#=*#a100=*", "workload=training,gpu-type=a100", {"workload": "training", "gpu-type": "a100"}),
+    ("*#=*/*#=*/*", "workload=inference,gpu-type=t4", {"workload": "inference", "gpu-type": "t4"}),
+    ("*#training=*/*#=*/*", "workload=training,gpu-type=a100", {"workload": "training", "gpu-type": "a100"}),
+    ("*#=*/*#=a100/*", "workload=training,gpu-type=a100", {"workload": "training"}),  # own selection: not added
+    ("*#=*/*#a100=*/*", "workload=training,gpu-type=a100", {"workload": "training", "gpu-type": "a100"}),
 ], ids=["default", "workload-label", "own-selection-a100", "gpu-type-label"])
 def test_the_table_holds_what_the_engine_injects(key: str, cls: str, selector: dict) -> None:
     p = _params()
@@ -39,11 +39,21 @@ def test_the_table_holds_what_the_engine_injects(key: str, cls: str, selector: d
 
 def test_a_label_against_the_pods_own_selection_is_a_conflict_with_placeholders() -> None:
     p = _params()
-    plan = p["plans"][p["table"]["*#=*#t4=a100"]]
+    plan = p["plans"][p["table"]["*#=*/*#t4=a100/*"]]
     assert [f["rule"] for f in plan["findings"]] == ["gpu-class-conflict"]
     message = plan["findings"][0]["message"]
     assert message.startswith('{meta}.labels[gpu-webhook.io/gpu-type] is "t4" but the Pod\'s own selection {selection}')
     assert plan["findings"][0]["axis"] == "gpu-type"
+
+
+def test_a_validfor_resource_narrows_the_class_and_its_messages_name_the_pods_own_container() -> None:
+    p = _params()
+    assert p["validFor"] == [{"regex": r"^nvidia\.com/mig\-.*$", "values": {"gpu-type": ["a100"]}}]
+    assert p["plans"][p["table"]["*#=*/*#=*/a100"]]["className"] == "workload=training,gpu-type=a100"
+    (finding,) = p["plans"][p["table"]["*#=*/*#t4=*/a100"]]["findings"]
+    assert finding["rule"] == "gpu-class-conflict"
+    assert finding["message"].startswith('{meta}.labels[gpu-webhook.io/gpu-type] is "t4" but {limitWhere} asks '
+                                         "for {limitResource}, which exists only on gpu-type a100")
 
 
 def test_namespace_policy_reaches_the_table() -> None:
@@ -57,8 +67,8 @@ spec:
 """)])
     p = native.params(policy)
     assert p["namespaces"] == {"research": "ns:research"}
-    assert p["plans"][p["table"]["ns:research#=*#=*"]]["className"] == "workload=training,gpu-type=a100"
-    refused = p["plans"][p["table"]["ns:research#=*#t4=*"]]
+    assert p["plans"][p["table"]["ns:research#=*/*#=*/*"]]["className"] == "workload=training,gpu-type=a100"
+    refused = p["plans"][p["table"]["ns:research#=*/*#t4=*/*"]]
     assert [f["rule"] for f in refused["findings"]] == ["gpu-class-not-allowed"]
     assert "namespace research may not use gpu-type t4" in refused["findings"][0]["message"]
 
@@ -132,4 +142,4 @@ def test_the_engine_is_the_oracle() -> None:
            "training"}}, "spec": {"containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}}
     verdict = engine.evaluate(PACKAGED, pod, engine.Context("default"))
     p = _params()
-    assert p["plans"][p["table"]["*#training=*#=*"]]["className"] == verdict.gpu_class
+    assert p["plans"][p["table"]["*#training=*/*#=*/*"]]["className"] == verdict.gpu_class

@@ -72,7 +72,7 @@ WEBHOOK_ONLY: dict[str, str] = {
 # Class choices the table cannot key on: Pods with these go to the webhook (hybrid) or get no class (native).
 DEFERRED = {
     "affinity": "the Pod's required node affinity chooses its class (terms, operators, globs: the engine decides)",
-    "validFor": "a GPU resource that exists only on some values (validFor) narrows the class",
+    "validFor": "the Pod asks for two GPU resources that exist only on some values (validFor)",
     "templates.mutate": "pod templates are mutated by the webhook only",
 }
 # Rules judged natively but where the API server's own validation answers first for Pods (it runs after the
@@ -147,9 +147,16 @@ def _tokens(axis: Axis) -> list[_Token]:
     return [_Token(label, sel) for label in labels for sel in subsets]
 
 
-def _synthetic_pod(policy: Policy, namespace: str, tokens: Sequence[_Token]) -> Json | None:
-    """A one-GPU Pod that says exactly `tokens` about the axes (None: the tokens cannot be said with
-    nodeSelector entries the engine reads the same way)."""
+def _limit_token(axis: Axis, resource: GPUResource | None) -> str:
+    """The values of `axis` a validFor resource exists on, in the axis's order ("*": no bound)."""
+    if resource is None or axis.name not in resource.valid_for:
+        return "*"
+    return ",".join(v for v in axis.values if v in resource.valid_for[axis.name])
+
+
+def _synthetic_pod(policy: Policy, namespace: str, tokens: Sequence[_Token], resource: str) -> Json | None:
+    """A Pod asking for one `resource` that says exactly `tokens` about the axes (None: the tokens cannot be
+    said with nodeSelector entries the engine reads the same way)."""
     labels: dict[str, str] = {}
     selector: dict[str, str] = {}
     for axis, token in zip(policy.axes, tokens, strict=True):
@@ -174,7 +181,7 @@ def _synthetic_pod(policy: Policy, namespace: str, tokens: Sequence[_Token]) -> 
             return None  # several values admitted: said only by affinity; such Pods are deferred
     pod: Json = {"apiVersion": "v1", "kind": "Pod",
                  "metadata": {"name": "native-table", "namespace": namespace, "labels": labels},
-                 "spec": {"containers": [{"name": "c", "resources": {"limits": {_probe_resource(policy): "1"}}}]}}
+                 "spec": {"containers": [{"name": "c", "resources": {"limits": {resource: "1"}}}]}}
     if selector:
         pod["spec"]["nodeSelector"] = selector
     return pod
@@ -188,9 +195,11 @@ def _probe_resource(policy: Policy) -> str:
                       "classes: false); native mode needs one, e.g. nvidia.com/gpu: {}")
 
 
-def _templated(message: str, pod: Json) -> tuple[str, str]:
-    """Paths and selection of the synthetic Pod as placeholders the CEL fills in for the real Pod or template;
-    and the axis whose selection the message quotes ("" none)."""
+def _templated(message: str, pod: Json, limiting: str | None) -> tuple[str, str]:
+    """Paths, selection and `validFor` resource of the synthetic Pod as placeholders the CEL fills in for the
+    real Pod or template; and the axis whose selection the message quotes ("" none)."""
+    if limiting is not None:
+        message = message.replace("spec.containers[0] (c)", "{limitWhere}").replace(limiting, "{limitResource}")
     quoted = ""
     for k, v in (pod["spec"].get("nodeSelector") or {}).items():
         said = f"spec.nodeSelector[{k}]={v}"
@@ -202,11 +211,11 @@ def _templated(message: str, pod: Json) -> tuple[str, str]:
     return message, quoted
 
 
-def _plan_of(verdict: Verdict, policy: Policy, pod: Json) -> Json:
+def _plan_of(verdict: Verdict, policy: Policy, pod: Json, limiting: str | None) -> Json:
     """What the engine's verdict on a synthetic Pod means for any Pod with the same tokens."""
     findings = []
     for finding in (*verdict.violations, *verdict.warnings):
-        message, key = _templated(finding.message, pod)
+        message, key = _templated(finding.message, pod, limiting)
         axis = next((a.name for a in policy.axes if key in a.keys), "")
         findings.append({"rule": finding.rule, "message": message, "axis": axis})
     plan: Json = {"findings": findings}
@@ -251,7 +260,14 @@ def params(policy: Policy) -> Json:
     if any(r.valid_for for r in policy.resources) and not policy.axes:
         raise NativeError("validFor needs class axes")
     namespaces = {"*": None, **{f"ns:{name}": name for name in policy.namespaces}}
-    combos = 1
+    # The resource the synthetic Pod asks for: the placed one, or one of each validFor family (a name of its
+    # glob that no earlier family claims); Pods asking for two validFor families are not in the table.
+    limiting: list[tuple[str, GPUResource | None]] = [(_probe_resource(policy), None)]
+    for resource in policy.resources:
+        name = resource.pattern.replace("*", "x").replace("?", "x")
+        if resource.valid_for and resource.classes and policy.gpu_resource(name) is resource:
+            limiting.append((name, resource))
+    combos = len(limiting)
     token_lists = [_tokens(axis) for axis in policy.axes]
     for tokens in token_lists:
         combos *= len(tokens)
@@ -263,19 +279,21 @@ def params(policy: Policy) -> Json:
     digests: dict[str, str] = {}
     for ns_id, ns_name in namespaces.items():
         namespace = ns_name or "gpu-webhook-native-any-namespace"
-        for combo in itertools.product(*token_lists):
-            pod = _synthetic_pod(policy, namespace, combo)
+        for (resource_name, bound), combo in itertools.product(limiting, itertools.product(*token_lists)):
+            pod = _synthetic_pod(policy, namespace, combo, resource_name)
             if pod is None:
                 continue
             verdict = engine.evaluate(policy, pod, engine.Context(namespace))
-            plan = _plan_of(verdict, policy, pod)
+            plan = _plan_of(verdict, policy, pod, resource_name if bound else None)
             if ns_name is None:
                 plan["findings"] = [{**f, "message": f["message"].replace(namespace, "{namespace}")}
                                     for f in plan["findings"]]
             text = json.dumps(plan, sort_keys=True)
             plan_id = digests.setdefault(text, f"p{len(digests)}")
             plans[plan_id] = plan
-            table["#".join([ns_id, *(t.key() for t in combo)])] = plan_id
+            table["#".join([ns_id, *(f"{t.key()}/{_limit_token(axis, bound)}"
+                                     for axis, t in zip(policy.axes, combo, strict=True))])] = plan_id
+    by_name = {a.name: a for a in policy.axes}
     aliases = {
         f"{axis.name}|{value}|{key}": _regex(found)
         for axis in policy.axes for value, contribution in axis.values.items()
@@ -296,6 +314,9 @@ def params(policy: Policy) -> Json:
         "gpuExact": {r.pattern: _kind(r) for r in policy.resources if not _is_pattern(r.pattern)},
         "gpuGlobs": [{"regex": _resource_regex(r.pattern), "kind": _kind(r)} for r in policy.resources
                      if _is_pattern(r.pattern)],
+        "validFor": [{"regex": _resource_regex(r.pattern),
+                      "values": {a: [v for v in by_name[a].values if v in vs] for a, vs in r.valid_for.items()}}
+                     for r in policy.resources if r.valid_for and r.classes],
         "gpuRuntimeClasses": sorted(policy.gpu_runtime_classes),
         "gpuTaintKeys": sorted(policy.gpu_taint_keys),
         "enforcement": {rule: policy.enforcement_of(rule) for rule in RULES},
@@ -346,6 +367,9 @@ def crd() -> Json:
             "name": _bounded_string(), "regex": _bounded_string(1024),
             "maxPerContainer": {"type": "integer"}, "reason": _bounded_string(512),
             "classes": {"type": "boolean"}, "validFor": {"type": "boolean"}}}},
+        "validFor": {"type": "array", "maxItems": 16, "items": {"type": "object", "properties": {
+            "regex": _bounded_string(1024), "values": {"type": "object", "maxProperties": 8, "additionalProperties": {
+                "type": "array", "maxItems": 32, "items": _bounded_string(63)}}}}},
         "gpuExact": _string_map(256, 16),
         "gpuGlobs": {"type": "array", "maxItems": 64, "items": {"type": "object", "properties": {
             "regex": _bounded_string(1024), "kind": _bounded_string(16)}}},

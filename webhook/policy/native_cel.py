@@ -85,8 +85,9 @@ def _gpu(name: str, kind: str | None = None) -> str:
     and a regex only for the rules' globs (patterns from params are compiled on every call)."""
     if kind is None:
         return f"({name} in {P}.gpuExact || {P}.gpuGlobs.exists(g, {name}.matches(g.regex)))"
-    return (f"({name} in {P}.gpuExact ? {P}.gpuExact[{name}] == '{kind}' : "
-            f"{P}.gpuGlobs.exists(g, g.kind == '{kind}' && {name}.matches(g.regex)))")
+    kinds = "['placed', 'validFor']" if kind == "placed" else f"['{kind}']"  # validFor families are placed too
+    return (f"({name} in {P}.gpuExact ? {P}.gpuExact[{name}] in {kinds} : "
+            f"{P}.gpuGlobs.exists(g, g.kind in {kinds} && {name}.matches(g.regex)))")
 
 
 def _limit_count(c: str, placed: bool) -> str:
@@ -111,16 +112,33 @@ def _variables_gpu() -> list[tuple[str, str]]:
                    f"((has(c.resources.limits) && c.resources.limits.exists(r, {_gpu('r')} && "
                    f"{_nonzero('c.resources.limits[r]')})) || (has(c.resources.requests) && "
                    f"c.resources.requests.exists(r, {_gpu('r')} && {_nonzero('c.resources.requests[r]')}))))"),
-        ("deferred", "(has(variables.spec.affinity) && has(variables.spec.affinity.nodeAffinity) && "
-                     "has(variables.spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution)) || "
-                     "(variables.spec.containers + variables.initial).exists(c, has(c.resources) && "
-                     f"((has(c.resources.limits) && c.resources.limits.exists(r, {_gpu('r', 'validFor')})) || "
-                     f"(has(c.resources.requests) && c.resources.requests.exists(r, {_gpu('r', 'validFor')}))))"),
+        ("deferred", "has(variables.spec.affinity) && has(variables.spec.affinity.nodeAffinity) && "
+                     "has(variables.spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution)"),
+        # The validFor families the Pod asks for (in limits or requests), and the first container asking.
+        ("vf", f"{P}.validFor.filter(e, (variables.spec.containers + variables.initial).exists(c, "
+               "has(c.resources) && ((has(c.resources.limits) && c.resources.limits.exists(r, r.matches(e.regex))) "
+               "|| (has(c.resources.requests) && c.resources.requests.exists(r, r.matches(e.regex))))))"),
+        ("vfContainers", "size(variables.vf) == 0 ? [] : (variables.initial + variables.spec.containers).filter(c, "
+                         "has(c.resources) && ((has(c.resources.limits) && c.resources.limits.exists(r, "
+                         "variables.vf.exists(e, r.matches(e.regex)))) || (has(c.resources.requests) && "
+                         "c.resources.requests.exists(r, variables.vf.exists(e, r.matches(e.regex))))))"),
+        ("limitWhere", "size(variables.vfContainers) == 0 ? '' : variables.specPath + '.' + "
+                       "(variables.initial.exists(i, i == variables.vfContainers[0]) ? 'initContainers[' + "
+                       "string(variables.initial.indexOf(variables.vfContainers[0])) : 'containers[' + "
+                       "string(variables.spec.containers.indexOf(variables.vfContainers[0]))) + '] (' + "
+                       "variables.vfContainers[0].name + ')'"),
+        ("limitResource", "size(variables.vfContainers) == 0 ? '' : ((has(variables.vfContainers[0].resources.limits) "
+                          "? variables.vfContainers[0].resources.limits.map(r, r) : []) + "
+                          "(has(variables.vfContainers[0].resources.requests) ? "
+                          "variables.vfContainers[0].resources.requests.map(r, r) : [])).filter(r, "
+                          "variables.vf.exists(e, r.matches(e.regex)))[0]"),
         ("nsKey", f"request.namespace in {P}.namespaces ? {P}.namespaces[request.namespace] : '*'"),
         ("key", f"variables.nsKey + {P}.axes.map(a, '#' + (a.label in variables.labels ? variables.labels[a.label] "
                 ": '') + '=' + (a.keys.exists(k, k in variables.sel) ? a.values.filter(v, a.keys.all(k, "
                 "!(k in variables.sel) || ((a.name + '|' + v + '|' + k) in params.spec.aliases && "
-                "variables.sel[k].matches(params.spec.aliases[a.name + '|' + v + '|' + k])))).join(',') : '*'))"
+                "variables.sel[k].matches(params.spec.aliases[a.name + '|' + v + '|' + k])))).join(',') : '*') + '/' + "
+                "(variables.vf.exists(e, a.name in e.values) ? a.values.filter(v, variables.vf.filter(e, a.name in "
+                "e.values).all(e, v in e.values[a.name])).join(',') : '*'))"
                 ".join('')"),
         ("tabled", f"!variables.deferred && variables.key in {P}.table"),
         ("exempt", f"request.namespace in {P}.exemptNamespaces"),
@@ -232,7 +250,8 @@ def _validations(level: str) -> list[Json]:
         out.append(_rule(rule, level, f"!variables.anyGPU || !variables.tabled || size({theirs}) == 0",
                          f"{theirs}.map(f, f.message.replace('{{meta}}', variables.metaPath).replace('{{spec}}', "
                          f"variables.specPath).replace('{{namespace}}', request.namespace)"
-                         f".replace('{{selection}}', {_SELECTION})).join('; [{rule}] ')"))
+                         f".replace('{{selection}}', {_SELECTION}).replace('{{limitWhere}}', variables.limitWhere)"
+                         f".replace('{{limitResource}}', variables.limitResource)).join('; [{rule}] ')"))
     # gpu-class-conflict: a field the class requires, set to something else.
     required = (f"(has({plan}.required) ? {plan}.required : []).filter(q, q.field in variables.spec && "
                 "string(variables.spec[q.field]) != '' && string(variables.spec[q.field]) != q.value && "
