@@ -74,7 +74,9 @@ def test_a_pod_placed_by_required_node_affinity_gets_its_class_from_the_webhook(
     wait_until(lambda: _reviews(hybrid, "mutate") > mutate, 10, "the mutating webhook's review to be counted")
 
 
-def test_a_mig_pod_gets_its_class_from_the_webhook(hybrid: Cluster) -> None:
+def test_a_mig_pod_gets_its_class(hybrid: Cluster) -> None:
+    """The MAP places one validFor family itself; the narrowed webhook still sees such Pods (its match condition
+    names the validFor families, for the Pods with two) and adds nothing over the MAP's class."""
     pod = gpu_pod("mig", limits={"nvidia.com/mig-1g.5gb": "1"})
     done = _create(hybrid, pod)
     assert done.returncode == 0, done.stderr
