@@ -127,6 +127,12 @@ def test_class_affinity_is_refused_with_a_clear_error() -> None:
         native.params(parse_sources([("gpu-policy.yaml", text)]))
 
 
+def test_mutating_templates_is_refused_with_a_clear_error() -> None:
+    text = (REPO / "rules" / "gpu-policy.yaml").read_text().replace("mutate: false", "mutate: true")
+    with pytest.raises(native.NativeError, match=r"templates\.mutate is true"):
+        native.params(parse_sources([("gpu-policy.yaml", text)]))
+
+
 def test_render_cli_prints_yaml(capsys: pytest.CaptureFixture[str]) -> None:
     from webhook.cli.main import main
 

@@ -73,7 +73,6 @@ WEBHOOK_ONLY: dict[str, str] = {
 DEFERRED = {
     "affinity": "the Pod's required node affinity chooses its class (terms, operators, globs: the engine decides)",
     "validFor": "the Pod asks for two GPU resources that exist only on some values (validFor)",
-    "templates.mutate": "pod templates are mutated by the webhook only",
 }
 # Rules judged natively but where the API server's own validation answers first for Pods (it runs after the
 # mutating stage and before the validating one): the native message is then the API server's.
@@ -257,8 +256,9 @@ def _plan_of(verdict: Verdict, policy: Policy, pod: Json, limiting: str | None) 
 
 def params(policy: Policy) -> Json:
     """The `GPUClassMap` spec: the rules as data for the policies' CEL."""
-    if any(r.valid_for for r in policy.resources) and not policy.axes:
-        raise NativeError("validFor needs class axes")
+    if policy.mutate_templates:
+        raise NativeError("templates.mutate is true, but the native policies inject into Pods only (pod templates "
+                          "are validated); set templates.mutate: false, or deploy in webhook mode")
     namespaces = {"*": None, **{f"ns:{name}": name for name in policy.namespaces}}
     # The resource the synthetic Pod asks for: the placed one, or one of each validFor family (a name of its
     # glob that no earlier family claims); Pods asking for two validFor families are not in the table.
