@@ -9,28 +9,29 @@
 - a `MutatingAdmissionPolicy` + binding that injects the class into GPU Pods on CREATE, with JSONPatch: the
   class's nodeSelector keys the Pod lacks, each toleration no existing one covers (so a second pass adds
   nothing: `reinvocationPolicy: IfNeeded` is safe), the default `runtimeClassName` and the other single-valued
-  fields when absent, the node affinity when the Pod has none, labels and annotations when absent;
+  fields when absent, labels and annotations when absent (a class value with node affinity is refused);
 - two `ValidatingAdmissionPolicy`s + bindings, one bound with `validationActions: [Deny]` and one with
   `[Warn, Audit]`. Both carry the same validations; each fires only for the rules whose enforcement in the
   params is its level, so moving a rule from deny to warn is again a data change.
 
 Why a CRD and not a ConfigMap for the params: a ConfigMap holds only strings, and CEL in the API server cannot
 parse JSON, so tolerations and node selectors would have to be re-assembled from flat strings in every
-expression; and the API server estimates the cost of every expression from the params' schema, which for a
-ConfigMap is "unbounded strings" (every iteration then looks too expensive to admit). The CRD's schema gives
-typed fields with `maxItems`/`maxLength` bounds, so the policies pass the cost estimation.
+expression. And the API server estimates the cost of every expression from the params' schema: a ConfigMap's
+data has no bounds, while the CRD's schema gives typed fields with `maxItems`/`maxLength` bounds (with them the
+policies pass the estimation; a ConfigMap variant was not tried).
 
 How a class is chosen in CEL: the engine's order (label, own selection through the aliases, value defaults,
 namespace default, cluster default) is not re-implemented. Each axis is reduced to a token (the label's value,
-and the set of values the Pod's own nodeSelector admits through the aliases), and the compiler runs the engine
+the set of values the Pod's own nodeSelector admits through the aliases, and the values its `validFor` GPU
+resource exists on), and the compiler runs the engine
 itself on a Pod for every combination of tokens and every namespace policy; the table maps the tokens to what
 the engine decided (the class and its plan, or the findings). So native and webhook agree by construction on
 what the table covers, and the differential e2e proves it on the real API server.
 
 What stays with the webhook (`WEBHOOK_ONLY`, shown by `gpu-webhook rules`): decisions from the live inventory,
-and class choices from what the table cannot key on (required node affinity, `validFor` resources, DRA claims).
-Such Pods are left alone by the native policies (a match condition) and, in hybrid mode, are exactly the
-ones the narrowed webhook sees.
+and class choices from what the table cannot key on (required node affinity, two `validFor` families in one
+Pod, DRA claims). The native policies give such Pods no class (the `deferred` variable, or no table entry);
+in hybrid mode the narrowed mutating webhook sees them (`hybrid_match_conditions`).
 """
 
 from __future__ import annotations
