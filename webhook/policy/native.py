@@ -5,7 +5,7 @@
 - a CustomResourceDefinition `GPUClassMap` (gpu-webhook.io/v1alpha1, cluster-scoped) and one `GPUClassMap`
   named `gpu-webhook`: the **params**. It carries the data of the rules: the class table, what each class
   adds, the GPU resources, the aliases, the namespaces and the enforcement levels. A rule edit changes only
-  this object (`helm upgrade`, or `kubectl apply` of a re-render); the policies below stay byte-identical.
+  this object (`kubectl apply` of a re-render); the policies below stay byte-identical.
 - a `MutatingAdmissionPolicy` + binding that injects the class into GPU Pods on CREATE, with JSONPatch: the
   class's nodeSelector keys the Pod lacks, each toleration no existing one covers (so a second pass adds
   nothing: `reinvocationPolicy: IfNeeded` is safe), the default `runtimeClassName` and the other single-valued
