@@ -260,6 +260,12 @@ def test_a_rule_edit_is_a_re_render_and_an_apply_of_the_params_only(native_clust
     (rules / "00-platform.yaml").write_text((REPO / "rules" / "gpu-policy.yaml").read_text())
     (rules / "10-research.yaml").write_text(NAMESPACE_RULES)
     cluster.ensure_namespace("native-research")
+    # A t4 Deployment admitted under the old rules (0 replicas: only its template matters here).
+    deployment = {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "old-t4"}, "spec": {
+        "replicas": 0, "selector": {"matchLabels": {"app": "old-t4"}}, "template": {
+            "metadata": {"labels": {"app": "old-t4", "gpu-webhook.io/gpu-type": "t4"}},
+            "spec": {"containers": [{"name": "c", "image": "x", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}}}}
+    cluster.kubectl("create", "-n", "native-research", "-f", "-", input=json.dumps(deployment))
     try:
         rendered = yaml.safe_dump_all(render(rules))
         # What the edit changes on the server (`kubectl apply` says "configured" for every policy even when
@@ -285,6 +291,12 @@ def test_a_rule_edit_is_a_re_render_and_an_apply_of_the_params_only(native_clust
         assert done.returncode != 0
         assert ("[gpu-class-not-allowed] namespace native-research may not use gpu-type t4 (from the label "
                 "gpu-webhook.io/gpu-type); set the label gpu-webhook.io/gpu-type to one of: a100") in done.stderr
+        # Scaling the old Deployment is not judged by the newer rule (its template is unchanged) ...
+        cluster.kubectl("scale", "deployment", "old-t4", "-n", "native-research", "--replicas=0")
+        cluster.kubectl("label", "deployment", "old-t4", "-n", "native-research", "team=ml")
+        # ... a change to its template is.
+        done = cluster.kubectl("set", "env", "deployment/old-t4", "-n", "native-research", "MODE=new", check=False)
+        assert done.returncode != 0 and "[gpu-class-not-allowed]" in done.stderr, done.stderr
     finally:
         cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(render()))
 
