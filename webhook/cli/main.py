@@ -18,7 +18,7 @@ import yaml
 
 from webhook.admission.loader import load_policy
 from webhook.cli import rule_tests
-from webhook.policy import checking
+from webhook.policy import checking, native
 from webhook.policy.manifests_io import ManifestError, read_manifests
 from webhook.policy.rules import RULES, Policy, RuleError
 
@@ -49,7 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_lint(sub)
     _add_test(sub)
     _add_rules(sub)
-    for module in ("webhook.cli.server", "webhook.cli.cluster", "webhook.cli.usage"):
+    for module in ("webhook.cli.server", "webhook.cli.cluster", "webhook.cli.usage", "webhook.cli.policies"):
         _register_optional(module, sub)
     return parser
 
@@ -197,10 +197,15 @@ def _add_rules(sub: Any) -> None:
     p.set_defaults(func=run_rules)
 
 
+_RUNS = {"native": "in the API server", "webhook": "in the webhook only", "both": "in the API server and the webhook"}
+
+
 def run_rules(args: argparse.Namespace) -> int:
     policy = load_policy(resolve_rules(args.rules))
     for rule, (default, what) in RULES.items():
-        print(f"{rule:32} {policy.enforcement_of(rule):5} (default {default:4})  {what}")
+        where, why = native.placement_of(rule)
+        print(f"{rule:32} {policy.enforcement_of(rule):5} (default {default:4})  {what}\n"
+              f"{'':32} native mode: {_RUNS[where]}: {why}")
     return EXIT_OK
 
 

@@ -1,0 +1,30 @@
+"""manifests/native: the rendered native-mode objects are current with the shipped rules."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+
+from webhook.admission.loader import load_policy
+from webhook.policy import native
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_the_committed_native_policies_are_the_render_of_the_shipped_rules() -> None:
+    committed = [d for d in yaml.safe_load_all((REPO / "manifests" / "native" / "policies.yaml").read_text()) if d]
+    assert committed == native.render(load_policy(REPO / "rules")), (
+        "manifests/native/policies.yaml is stale: run `gpu-webhook policies render --rules rules/ > "
+        "manifests/native/policies.yaml`")
+
+
+def test_the_hybrid_component_narrows_the_mutating_webhook_as_the_compiler_says() -> None:
+    component = yaml.safe_load((REPO / "manifests" / "components" / "hybrid" / "kustomization.yaml").read_text())
+    assert component["resources"] == ["../../native"]
+    (patch,) = component["patches"]
+    assert patch["target"] == {"kind": "MutatingWebhookConfiguration", "name": "gpu-webhook"}
+    (operation,) = yaml.safe_load(patch["patch"])
+    assert operation["path"] == "/webhooks/0/matchConditions/-"
+    assert [operation["value"]] == native.hybrid_match_conditions(load_policy(REPO / "rules")), (
+        "manifests/components/hybrid is stale: put native.hybrid_match_conditions(rules) in its patch")

@@ -1,0 +1,418 @@
+"""The rule files compiled to Kubernetes' in-process admission policies (native mode).
+
+`render(policy, mode)` turns a loaded `Policy` into plain Kubernetes objects, with no I/O:
+
+- a CustomResourceDefinition `GPUClassMap` (gpu-webhook.io/v1alpha1, cluster-scoped) and one `GPUClassMap`
+  named `gpu-webhook`: the **params**. It carries the data of the rules: the class table, what each class
+  adds, the GPU resources, the aliases, the namespaces and the enforcement levels. A rule edit changes only
+  this object (`kubectl apply` of a re-render); the policies below stay byte-identical.
+- a `MutatingAdmissionPolicy` + binding that injects the class into GPU Pods on CREATE, with JSONPatch: the
+  class's nodeSelector keys the Pod lacks, each toleration no existing one covers (so a second pass adds
+  nothing: `reinvocationPolicy: IfNeeded` is safe), the default `runtimeClassName` and the other single-valued
+  fields when absent, labels and annotations when absent (a class value with node affinity is refused);
+- two `ValidatingAdmissionPolicy`s + bindings, one bound with `validationActions: [Deny]` and one with
+  `[Warn, Audit]`. Both carry the same validations; each fires only for the rules whose enforcement in the
+  params is its level, so moving a rule from deny to warn is again a data change.
+
+Why a CRD and not a ConfigMap for the params: a ConfigMap holds only strings, and CEL in the API server cannot
+parse JSON, so tolerations and node selectors would have to be re-assembled from flat strings in every
+expression. And the API server estimates the cost of every expression from the params' schema: a ConfigMap's
+data has no bounds, while the CRD's schema gives typed fields with `maxItems`/`maxLength` bounds (with them the
+policies pass the estimation; a ConfigMap variant was not tried).
+
+How a class is chosen in CEL: the engine's order (label, own selection through the aliases, value defaults,
+namespace default, cluster default) is not re-implemented. Each axis is reduced to a token (the label's value,
+the set of values the Pod's own nodeSelector admits through the aliases, and the values its `validFor` GPU
+resource exists on), and the compiler runs the engine
+itself on a Pod for every combination of tokens and every namespace policy; the table maps the tokens to what
+the engine decided (the class and its plan, or the findings). So native and webhook agree by construction on
+what the table covers, and the differential e2e proves it on the real API server.
+
+What stays with the webhook (`WEBHOOK_ONLY`, shown by `gpu-webhook rules`): decisions from the live inventory,
+and class choices from what the table cannot key on (required node affinity, two `validFor` families in one
+Pod, DRA claims). The native policies give such Pods no class (the `deferred` variable, or no table entry);
+in hybrid mode the narrowed mutating webhook sees them (`hybrid_match_conditions`).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from webhook.policy import engine, native_cel
+from webhook.policy.findings import Verdict
+from webhook.policy.rules import RULES, Axis, GPUResource, LabelValues, Policy
+
+Mode = Literal["native", "hybrid"]
+Json = dict[str, Any]
+
+GROUP = "gpu-webhook.io"
+PARAMS_VERSION = "v1alpha1"
+PARAMS_KIND = "GPUClassMap"
+PARAMS_PLURAL = "gpuclassmaps"
+PARAMS_NAME = "gpu-webhook"
+POLICY_PREFIX = "gpu-webhook.io-"
+MAX_TABLE = 20000  # entries of the class table; more axes and values than this are refused with the count
+
+# Where each rule runs, and why a rule cannot be native.
+NATIVE = "native"
+WEBHOOK = "webhook"
+BOTH = "both"
+WEBHOOK_ONLY: dict[str, str] = {
+    "gpu-never-schedulable": "needs the live nodes (the largest Ready node of the class); CEL sees only the request",
+    "gpu-class-no-node": "needs the live nodes' labels and allocatable GPUs",
+    "gpu-runtime-class-missing": "needs the live RuntimeClasses; CEL cannot read other objects",
+    "gpu-inventory-unavailable": "is about the webhook's own inventory cache",
+    "gpu-class-missing": "guards against the mutating webhook being skipped (failurePolicy Ignore); the mutating "
+                         "policy runs in-process and fails closed, so there is nothing to guard",
+}
+# Class choices the table cannot key on: Pods with these go to the webhook (hybrid) or get no class (native).
+DEFERRED = {
+    "affinity": "the Pod's required node affinity chooses its class (terms, operators, globs: the engine decides)",
+    "validFor": "the Pod asks for two GPU resources that exist only on some values (validFor)",
+}
+# Rules judged natively but where the API server's own validation answers first for Pods (it runs after the
+# mutating stage and before the validating one): the native message is then the API server's.
+API_VALIDATED = ("gpu-limits-required", "gpu-requests-equal-limits", "gpu-whole-number", "gpu-quantity-invalid",
+                 "gpu-pod-level-resources")
+
+
+class NativeError(ValueError):
+    """Rules that cannot be compiled; the message says which part and what to do."""
+
+
+def placement_of(rule: str) -> tuple[str, str]:
+    """(where the rule runs in hybrid mode, why), for `gpu-webhook rules`."""
+    if rule in WEBHOOK_ONLY:
+        return WEBHOOK, WEBHOOK_ONLY[rule]
+    if rule == "gpu-quantity-invalid":
+        return NATIVE, "the API server itself refuses a value that is not a quantity, before any admission stage"
+    if rule in API_VALIDATED:
+        return NATIVE, "CEL on Pods and pod templates (for Pods the API server's own validation answers first)"
+    if rule in ("gpu-class-conflict", "gpu-class-skipped", "gpu-class-unknown", "gpu-class-not-allowed"):
+        return BOTH, ("CEL through the class table; the webhook for Pods whose class comes from required node "
+                      "affinity or validFor resources")
+    return NATIVE, "CEL on Pods and pod templates"
+
+
+# --------------------------------------------------------------------------------------------- params
+
+
+def _regex(values: LabelValues) -> str:
+    """A full-match RE2 pattern for the literals and `*`/`?` globs of an alias (label values: no metacharacters
+    other than `.`)."""
+    alternatives = []
+    for pattern in values.patterns:
+        alternatives.append("".join(".*" if ch == "*" else "." if ch == "?" else re.escape(ch) for ch in pattern))
+    return "^(" + "|".join(alternatives) + ")$"
+
+
+def _is_pattern(name: str) -> bool:
+    return "*" in name or "?" in name
+
+
+def _kind(resource: GPUResource) -> str:
+    """How the classes treat a GPU resource: placed, validFor (placed within some values) or checked only."""
+    if not resource.classes:
+        return "checked"
+    return "validFor" if resource.valid_for else "placed"
+
+
+def _resource_regex(pattern: str) -> str:
+    return "^" + "".join(".*" if ch == "*" else "." if ch == "?" else re.escape(ch) for ch in pattern) + "$"
+
+
+@dataclass(frozen=True)
+class _Token:
+    """What a Pod says about one axis: its label value ("" none) and the values its nodeSelector admits
+    (None: its nodeSelector does not touch the axis's keys)."""
+
+    label: str
+    selected: tuple[str, ...] | None
+
+    def key(self) -> str:
+        return f"{self.label}={'*' if self.selected is None else ','.join(self.selected)}"
+
+
+def _tokens(axis: Axis) -> list[_Token]:
+    labels = ["", *axis.values]
+    subsets: list[tuple[str, ...] | None] = [None]
+    names = list(axis.values)  # the order CEL's filter keeps
+    for size in range(len(names) + 1):
+        subsets.extend(itertools.combinations(names, size))
+    return [_Token(label, sel) for label in labels for sel in subsets]
+
+
+def _limit_token(axis: Axis, resource: GPUResource | None) -> str:
+    """The values of `axis` a validFor resource exists on, in the axis's order ("*": no bound)."""
+    if resource is None or axis.name not in resource.valid_for:
+        return "*"
+    return ",".join(v for v in axis.values if v in resource.valid_for[axis.name])
+
+
+def _synthetic_pod(policy: Policy, namespace: str, tokens: Sequence[_Token], resource: str) -> Json | None:
+    """A Pod asking for one `resource` that says exactly `tokens` about the axes (None: the tokens cannot be
+    said with nodeSelector entries the engine reads the same way)."""
+    labels: dict[str, str] = {}
+    selector: dict[str, str] = {}
+    for axis, token in zip(policy.axes, tokens, strict=True):
+        if token.label:
+            labels[axis.label] = token.label
+        if token.selected is None:
+            continue
+        if len(token.selected) == 1:
+            own = axis.values[token.selected[0]].node_selector
+            if not own:
+                return None
+            for k, v in own.items():
+                if selector.get(k, v) != v:
+                    return None
+                selector[k] = v
+        elif not token.selected:
+            key = sorted(axis.keys)[0] if axis.keys else None
+            if key is None:
+                return None
+            selector[key] = "gpu-webhook-native-no-such-value"
+        else:
+            return None  # several values admitted: said only by affinity; such Pods are deferred
+    pod: Json = {"apiVersion": "v1", "kind": "Pod",
+                 "metadata": {"name": "native-table", "namespace": namespace, "labels": labels},
+                 "spec": {"containers": [{"name": "c", "resources": {"limits": {resource: "1"}}}]}}
+    if selector:
+        pod["spec"]["nodeSelector"] = selector
+    return pod
+
+
+def _probe_resource(policy: Policy) -> str:
+    for resource in policy.resources:
+        if resource.classes and not resource.valid_for and "*" not in resource.pattern and "?" not in resource.pattern:
+            return resource.pattern
+    raise NativeError("no exact GPU resource name placed by the classes (gpuResources without validFor or "
+                      "classes: false); native mode needs one, e.g. nvidia.com/gpu: {}")
+
+
+def _templated(message: str, pod: Json, limiting: str | None) -> tuple[str, str]:
+    """Paths, selection and `validFor` resource of the synthetic Pod as placeholders the CEL fills in for the
+    real Pod or template; and the axis whose selection the message quotes ("" none)."""
+    if limiting is not None:
+        message = message.replace("spec.containers[0] (c)", "{limitWhere}").replace(limiting, "{limitResource}")
+    quoted = ""
+    for k, v in (pod["spec"].get("nodeSelector") or {}).items():
+        said = f"spec.nodeSelector[{k}]={v}"
+        if said in message:
+            message = message.replace(said, "{selection}")
+            quoted = k
+    message = message.replace("metadata.labels[", "{meta}.labels[")
+    message = message.replace("spec.nodeSelector[", "{spec}.nodeSelector[")
+    return message, quoted
+
+
+def _plan_of(verdict: Verdict, policy: Policy, pod: Json, limiting: str | None) -> Json:
+    """What the engine's verdict on a synthetic Pod means for any Pod with the same tokens."""
+    findings = []
+    for finding in (*verdict.violations, *verdict.warnings):
+        message, key = _templated(finding.message, pod, limiting)
+        axis = next((a.name for a in policy.axes if key in a.keys), "")
+        findings.append({"rule": finding.rule, "message": message, "axis": axis})
+    plan: Json = {"findings": findings}
+    if verdict.classes:
+        chosen = verdict.classes[0]
+        plan["className"] = getattr(chosen, "name", "")
+        caps = [(c.max_gpus_per_pod, f"{p.axis.name} {p.value}") for p in getattr(chosen, "picks", ())
+                if (c := p.axis.values[p.value]).max_gpus_per_pod]
+        if caps:
+            plan["maxGPUs"], plan["maxGPUsSource"] = min(caps)
+        required = [{"field": k, "value": v, "source": f"{p.axis.name} {p.value}"}
+                    for p in getattr(chosen, "picks", ()) for k, v in engine._class_fields(p.axis.values[p.value])]
+        if required:
+            plan["required"] = required
+    selector: dict[str, str] = {}
+    tolerations: list[Json] = []
+    for edit in verdict.edits:
+        if edit.path == ("spec", "nodeSelector") and edit.kind == "set":
+            selector[str(edit.key)] = str(edit.value)
+        elif edit.path == ("spec", "tolerations") and edit.kind == "append":
+            tolerations.append(dict(edit.value))
+        elif edit.path == ("spec",) and edit.kind == "set" and edit.key in ("runtimeClassName", "priorityClassName",
+                                                                            "schedulerName"):
+            plan[str(edit.key)] = edit.value
+        elif edit.path == ("spec", "affinity") and edit.key == "nodeAffinity":
+            raise NativeError("a class value sets affinity.nodeAffinity; the native policies do not inject node "
+                              "affinity yet: use nodeSelector for the class, or deploy in webhook mode")
+        elif edit.path == ("metadata", "labels") and edit.kind == "set":
+            plan.setdefault("labels", {})[str(edit.key)] = str(edit.value)
+        elif edit.path == ("metadata", "annotations") and edit.kind == "set" and edit.key not in (
+                engine.CLASS_ANNOTATION, engine.RULES_ANNOTATION):
+            plan.setdefault("annotations", {})[str(edit.key)] = str(edit.value)
+    if selector:
+        plan["nodeSelector"] = selector
+    if tolerations:
+        plan["tolerations"] = tolerations
+    return plan
+
+
+def params(policy: Policy) -> Json:
+    """The `GPUClassMap` spec: the rules as data for the policies' CEL."""
+    if policy.mutate_templates:
+        raise NativeError("templates.mutate is true, but the native policies inject into Pods only (pod templates "
+                          "are validated); set templates.mutate: false, or deploy in webhook mode")
+    namespaces = {"*": None, **{f"ns:{name}": name for name in policy.namespaces}}
+    # The resource the synthetic Pod asks for: the placed one, or one of each validFor family (a name of its
+    # glob that no earlier family claims); Pods asking for two validFor families are not in the table.
+    limiting: list[tuple[str, GPUResource | None]] = [(_probe_resource(policy), None)]
+    for resource in policy.resources:
+        name = resource.pattern.replace("*", "x").replace("?", "x")
+        if resource.valid_for and resource.classes and policy.gpu_resource(name) is resource:
+            limiting.append((name, resource))
+    combos = len(limiting)
+    token_lists = [_tokens(axis) for axis in policy.axes]
+    for tokens in token_lists:
+        combos *= len(tokens)
+    if combos * len(namespaces) > MAX_TABLE:
+        raise NativeError(f"the class table would have {combos * len(namespaces)} entries (axes x values x "
+                          f"namespaces), more than {MAX_TABLE}; deploy in webhook mode, or use fewer values")
+    table: dict[str, str] = {}
+    plans: dict[str, Json] = {}
+    digests: dict[str, str] = {}
+    for ns_id, ns_name in namespaces.items():
+        namespace = ns_name or "gpu-webhook-native-any-namespace"
+        for (resource_name, bound), combo in itertools.product(limiting, itertools.product(*token_lists)):
+            pod = _synthetic_pod(policy, namespace, combo, resource_name)
+            if pod is None:
+                continue
+            verdict = engine.evaluate(policy, pod, engine.Context(namespace))
+            plan = _plan_of(verdict, policy, pod, resource_name if bound else None)
+            if ns_name is None:
+                plan["findings"] = [{**f, "message": f["message"].replace(namespace, "{namespace}")}
+                                    for f in plan["findings"]]
+            text = json.dumps(plan, sort_keys=True)
+            plan_id = digests.setdefault(text, f"p{len(digests)}")
+            plans[plan_id] = plan
+            table["#".join([ns_id, *(f"{t.key()}/{_limit_token(axis, bound)}"
+                                     for axis, t in zip(policy.axes, combo, strict=True))])] = plan_id
+    by_name = {a.name: a for a in policy.axes}
+    aliases = {
+        f"{axis.name}|{value}|{key}": _regex(found)
+        for axis in policy.axes for value, contribution in axis.values.items()
+        for key, found in contribution.aliases.items()
+    }
+    return {
+        "rulesDigest": policy.digest,
+        "exemptNamespaces": sorted(policy.exempt_namespaces),
+        "axes": [{"name": a.name, "label": a.label, "values": list(a.values), "keys": sorted(a.keys)}
+                 for a in policy.axes],
+        "aliases": aliases,
+        "namespaces": {name: f"ns:{name}" for name in policy.namespaces},
+        "table": table,
+        "plans": plans,
+        "resources": [{"name": r.pattern, "regex": _resource_regex(r.pattern),
+                       "maxPerContainer": r.max_per_container or 0, "reason": r.reason or "",
+                       "classes": r.classes, "validFor": bool(r.valid_for)} for r in policy.resources],
+        "gpuExact": {r.pattern: _kind(r) for r in policy.resources if not _is_pattern(r.pattern)},
+        "gpuGlobs": [{"regex": _resource_regex(r.pattern), "kind": _kind(r)} for r in policy.resources
+                     if _is_pattern(r.pattern)],
+        "validFor": [{"regex": _resource_regex(r.pattern),
+                      "values": {a: [v for v in by_name[a].values if v in vs] for a, vs in r.valid_for.items()}}
+                     for r in policy.resources if r.valid_for and r.classes],
+        "gpuRuntimeClasses": sorted(policy.gpu_runtime_classes),
+        "gpuTaintKeys": sorted(policy.gpu_taint_keys),
+        "enforcement": {rule: policy.enforcement_of(rule) for rule in RULES},
+    }
+
+
+# --------------------------------------------------------------------------------------------- objects
+
+
+def _bounded_string(max_length: int = 253) -> Json:
+    return {"type": "string", "maxLength": max_length}
+
+
+def _string_map(max_properties: int, max_length: int = 253) -> Json:
+    return {"type": "object", "maxProperties": max_properties, "additionalProperties": _bounded_string(max_length)}
+
+
+_TOLERATION = {"type": "object", "properties": {
+    "key": _bounded_string(), "operator": _bounded_string(16), "value": _bounded_string(63),
+    "effect": _bounded_string(32), "tolerationSeconds": {"type": "integer"}}}
+_FINDING = {"type": "object", "required": ["rule", "message"],
+            "properties": {"rule": _bounded_string(63), "message": _bounded_string(2048), "axis": _bounded_string(63)}}
+_PLAN = {"type": "object", "properties": {
+    "className": _bounded_string(512), "nodeSelector": _string_map(32, 63),
+    "tolerations": {"type": "array", "maxItems": 32, "items": _TOLERATION},
+    "runtimeClassName": _bounded_string(), "priorityClassName": _bounded_string(), "schedulerName": _bounded_string(),
+    "labels": _string_map(32, 63), "annotations": _string_map(32, 512),
+    "maxGPUs": {"type": "integer"}, "maxGPUsSource": _bounded_string(),
+    "required": {"type": "array", "maxItems": 8, "items": {"type": "object", "properties": {
+        "field": _bounded_string(32), "value": _bounded_string(), "source": _bounded_string()}}},
+    "findings": {"type": "array", "maxItems": 16, "items": _FINDING}}}
+
+
+def crd() -> Json:
+    """The CustomResourceDefinition of the params, with the bounds the CEL cost estimation relies on."""
+    spec_schema = {"type": "object", "properties": {
+        "rulesDigest": _bounded_string(64),
+        "exemptNamespaces": {"type": "array", "maxItems": 256, "items": _bounded_string(63)},
+        "axes": {"type": "array", "maxItems": 8, "items": {"type": "object", "properties": {
+            "name": _bounded_string(63), "label": _bounded_string(),
+            "values": {"type": "array", "maxItems": 32, "items": _bounded_string(63)},
+            "keys": {"type": "array", "maxItems": 64, "items": _bounded_string()}}}},
+        "aliases": _string_map(4096, 4096),
+        "namespaces": _string_map(1024, 70),
+        "table": _string_map(MAX_TABLE, 16),
+        "plans": {"type": "object", "maxProperties": 1024, "additionalProperties": _PLAN},
+        "resources": {"type": "array", "maxItems": 64, "items": {"type": "object", "properties": {
+            "name": _bounded_string(), "regex": _bounded_string(1024),
+            "maxPerContainer": {"type": "integer"}, "reason": _bounded_string(512),
+            "classes": {"type": "boolean"}, "validFor": {"type": "boolean"}}}},
+        "validFor": {"type": "array", "maxItems": 16, "items": {"type": "object", "properties": {
+            "regex": _bounded_string(1024), "values": {"type": "object", "maxProperties": 8, "additionalProperties": {
+                "type": "array", "maxItems": 32, "items": _bounded_string(63)}}}}},
+        "gpuExact": _string_map(256, 16),
+        "gpuGlobs": {"type": "array", "maxItems": 64, "items": {"type": "object", "properties": {
+            "regex": _bounded_string(1024), "kind": _bounded_string(16)}}},
+        "gpuRuntimeClasses": {"type": "array", "maxItems": 64, "items": _bounded_string()},
+        "gpuTaintKeys": {"type": "array", "maxItems": 64, "items": _bounded_string()},
+        "enforcement": _string_map(64, 8),
+    }}
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+        "metadata": {"name": f"{PARAMS_PLURAL}.{GROUP}"},
+        "spec": {
+            "group": GROUP, "scope": "Cluster",
+            "names": {"kind": PARAMS_KIND, "plural": PARAMS_PLURAL, "singular": "gpuclassmap", "listKind":
+                      f"{PARAMS_KIND}List"},
+            "versions": [{"name": PARAMS_VERSION, "served": True, "storage": True, "schema": {"openAPIV3Schema": {
+                "type": "object", "description": "gpu-webhook's rules as data for its admission policies "
+                "(rendered by `gpu-webhook policies render`; do not edit by hand)",
+                "properties": {"spec": spec_schema}}}}],
+        },
+    }
+
+
+def params_object(policy: Policy) -> Json:
+    return {"apiVersion": f"{GROUP}/{PARAMS_VERSION}", "kind": PARAMS_KIND,
+            "metadata": {"name": PARAMS_NAME, "labels": {"app.kubernetes.io/name": "gpu-webhook"}},
+            "spec": params(policy)}
+
+
+def hybrid_match_conditions(policy: Policy) -> list[Json]:
+    """The matchConditions that narrow the *mutating* webhook, in hybrid mode, to the Pods native mode defers:
+    required node affinity, or a GPU resource with `validFor` (compiled from the rules: a webhook's match
+    conditions cannot read params). The validating webhook keeps every GPU Pod: the cluster-aware rules."""
+    patterns = [_resource_regex(r.pattern) for r in policy.resources if r.valid_for]
+    resources = " || ".join(f"r.matches(r'{p}')" for p in patterns) or "false"  # CEL raw strings
+    deferred = (
+        "(has(object.spec.affinity) && has(object.spec.affinity.nodeAffinity) && "
+        "has(object.spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution)) || "
+        "(object.spec.containers + (has(object.spec.initContainers) ? object.spec.initContainers : [])).exists(c, "
+        f"has(c.resources) && has(c.resources.limits) && c.resources.limits.exists(r, {resources}))")
+    return [{"name": "deferred-by-native-mode", "expression": deferred}]
+
+
+def render(policy: Policy, mode: Mode = "native") -> list[Json]:
+    """Every object of native (or hybrid) mode, in apply order: CRD, params, policies, bindings."""
+    return [crd(), params_object(policy), *native_cel.policies()]
