@@ -65,6 +65,7 @@ BOTH = "both"
 WEBHOOK_ONLY: dict[str, str] = {
     "gpu-never-schedulable": "needs the live nodes (the largest Ready node of the class); CEL sees only the request",
     "gpu-class-no-node": "needs the live nodes' labels and allocatable GPUs",
+    "gpu-time-sliced-max": "needs the live nodes' GFD sharing labels (every node the Pod can land on)",
     "gpu-runtime-class-missing": "needs the live RuntimeClasses; CEL cannot read other objects",
     "gpu-inventory-unavailable": "is about the webhook's own inventory cache",
     "gpu-class-missing": "guards against the mutating webhook being skipped (failurePolicy Ignore); the mutating "
