@@ -5,6 +5,7 @@
 #                                  (tests/e2e/node/go.mod = tests/e2e/controlplane/go.mod's replaces + the kubelet)
 #   pause                          tests/e2e/node/cmd/pause, the sandbox image's static binary
 #   gpu-device-plugin-standin      tests/e2e/node/cmd/gpu-device-plugin-standin, a STAND-IN for NVIDIA's device plugin
+#   busybox                        Debian's busybox-static: the shell of the test image tagged as the seed's CUDA image
 #   nvidia-container-runtime, nvidia-cdi-hook, nvidia-ctk
 #                                  github.com/NVIDIA/nvidia-container-toolkit (tests/e2e/nvidia/go.mod), the real
 #                                  NVIDIA Container Runtime, run in CDI mode as containerd's `nvidia` handler (cgo:
@@ -41,7 +42,7 @@ if [[ "$missing" == 1 ]]; then
 fi
 
 require_go build_node.sh
-binaries=(kubelet pause gpu-device-plugin-standin nvidia-container-runtime nvidia-cdi-hook nvidia-ctk)
+binaries=(kubelet pause gpu-device-plugin-standin nvidia-container-runtime nvidia-cdi-hook nvidia-ctk busybox)
 want_stamp="$( {
     go version
     sha256sum "$here"/node/go.mod "$here"/node/go.sum "$here"/nvidia/go.mod "$here"/nvidia/go.sum \
@@ -91,6 +92,9 @@ step "nvidia-container-runtime, nvidia-cdi-hook, nvidia-ctk $nvidia_version" \
         github.com/NVIDIA/nvidia-container-toolkit/cmd/nvidia-container-runtime \
         github.com/NVIDIA/nvidia-container-toolkit/cmd/nvidia-cdi-hook \
         github.com/NVIDIA/nvidia-container-toolkit/cmd/nvidia-ctk' _ "$here" "$nvidia_ldflags" "$tmp"
+
+step "busybox (Debian busybox-static)" bash -c 'cd "$1" && apt-get download -qq busybox-static >&2 && \
+    dpkg-deb -x busybox-static_*.deb deb && mv deb/bin/busybox busybox' _ "$tmp"
 
 for b in "${binaries[@]}"; do mv -f "$tmp/$b" "$bin/$b"; done
 echo "$want_stamp" > "$out/stamp"

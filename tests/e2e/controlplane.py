@@ -140,7 +140,7 @@ class ControlPlane:
         parts = []
         for name, proc in self.procs.items():
             state = "running" if proc.alive() else f"exited {proc.popen.returncode}"
-            parts.append(f"===== {name} ({state}), {proc.log} =====\n{proc.logtail()}")
+            parts.append(f"===== {name} ({state}), {proc.log} =====\n{proc.log_tail()}")
         return "\n".join(parts)
 
     # ------------------------------------------------------------------ lifecycle
@@ -163,7 +163,7 @@ class ControlPlane:
     def _check_alive(self, name: str) -> None:
         proc = self.procs[name]
         if not proc.alive():
-            raise ClusterError(f"{name} exited with {proc.popen.returncode}:\n{proc.logtail()}")
+            raise ClusterError(f"{name} exited with {proc.popen.returncode}:\n{proc.log_tail()}")
 
     def _wait_http(self, name: str, url: str, context: ssl.SSLContext | None, timeout: float = 60) -> None:
         def ready() -> bool:
@@ -232,6 +232,10 @@ class ControlPlane:
             "--endpoint-reconciler-type=none",
             # No kube-proxy: the API server dials a Service-backed webhook at one of the Service's endpoints.
             "--enable-aggregator-routing=true",
+            # The real node (realnode.py): reach its kubelet at its InternalIP (never a DNS lookup of its name),
+            # as the admin client it trusts.
+            "--kubelet-preferred-address-types=InternalIP",
+            f"--kubelet-client-certificate={pki / 'admin.crt'}", f"--kubelet-client-key={pki / 'admin.key'}",
             f"--tls-cert-file={pki / 'apiserver.crt'}", f"--tls-private-key-file={pki / 'apiserver.key'}",
             f"--client-ca-file={pki / 'ca.crt'}",
             "--service-account-issuer=https://kubernetes.default.svc",

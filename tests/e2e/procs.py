@@ -78,7 +78,7 @@ class Proc:
         """True while the process runs."""
         return self.popen.poll() is None
 
-    def logtail(self, lines: int = 60) -> str:
+    def log_tail(self, lines: int = 60) -> str:
         """The last lines of the process's log."""
         try:
             return tail(self.log.read_text(errors="replace"), lines)
