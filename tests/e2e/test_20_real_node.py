@@ -9,6 +9,8 @@ where they are missing. One real node per machine at a time.
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import pytest
 from cluster import GPU, Cluster, events_for, pod_json, wait_until, yaml_of
@@ -32,6 +34,14 @@ spec:
         limits:
           nvidia.com/gpu: 1
 """
+
+
+def doctor(cluster: Cluster, namespace: str, pod: str) -> tuple[int, dict[str, object]]:
+    """`gpu-webhook doctor POD -o json` against the cluster: (exit code, report)."""
+    done = subprocess.run([sys.executable, "-m", "webhook", "doctor", pod, "-n", namespace, "-o", "json"],
+                          capture_output=True, text=True, env=cluster.env(), timeout=120)
+    print(f"doctor {namespace}/{pod} exit {done.returncode}:\n{done.stdout}{done.stderr}")
+    return done.returncode, json.loads(done.stdout) if done.stdout.strip() else {}
 
 
 def _phase(cluster: Cluster, namespace: str, name: str) -> str:
@@ -111,6 +121,26 @@ def test_seed_pod_runs_through_the_nvidia_runtime(cluster: Cluster, real_node: R
     assert "libcuda.so.1 -> libcuda.so.580.159.04" in logs  # the real nvidia-cdi-hook made the link
 
 
+def test_plugin_not_running_leaves_the_seed_pod_pending(cluster: Cluster, real_node: RealNode,
+                                                        namespace: str) -> None:
+    """No device plugin: the real node advertises no GPU, the real scheduler says Insufficient, doctor fails."""
+    real_node.stop_device_plugin()
+    wait_until(lambda: real_node.gpus()[1] in (None, "0"), 60, "no allocatable GPU")
+    cluster.kubectl("apply", "-n", namespace, "-f", "-", input=CUDA_GPU_TEST)
+
+    def insufficient() -> str:
+        for event in events_for(cluster, namespace, "Pod", "cuda-gpu-test"):
+            if event.get("reason") == "FailedScheduling" and "Insufficient nvidia.com/gpu" in event["message"]:
+                return str(event["message"])
+        return ""
+
+    message = wait_until(insufficient, 60, "the scheduler's Insufficient nvidia.com/gpu")
+    print(f"real event: {message}")
+    code, report = doctor(cluster, namespace, "cuda-gpu-test")
+    assert code == 1
+    assert "Insufficient nvidia.com/gpu" in json.dumps(report)
+
+
 def test_two_replicas_fail_allocate_like_the_real_plugin(cluster: Cluster, real_node: RealNode,
                                                           namespace: str) -> None:
     """Time-slicing with failRequestsGreaterThanOne: 2 replicas fail at the kubelet with the real plugin's text."""
@@ -139,7 +169,12 @@ def test_device_missing_from_the_cdi_spec(cluster: Cluster, real_node: RealNode,
         return ""
 
     message = wait_until(failed_event, 90, "the unresolvable-CDI-devices event")
-    assert "nvidia.com/gpu=GPU-00000000-0000-0000-0000-000000000000" in message
+    print(f"real event: {message}")
+    assert ("failed to inject CDI devices: unresolvable CDI devices "
+            "nvidia.com/gpu=GPU-00000000-0000-0000-0000-000000000000") in message
+    # doctor shows the runtime's own text among the Pod's events (its explanation of it comes with issue 23).
+    _, report = doctor(cluster, namespace, "no-such-gpu")
+    assert "unresolvable CDI devices nvidia.com/gpu=GPU-00000000-0000-0000-0000-000000000000" in json.dumps(report)
 
 
 def test_runtime_handler_that_does_not_exist(cluster: Cluster, real_node: RealNode, namespace: str) -> None:
@@ -158,7 +193,10 @@ def test_runtime_handler_that_does_not_exist(cluster: Cluster, real_node: RealNo
             return ""
 
         message = wait_until(sandbox_event, 90, "the FailedCreatePodSandBox event")
+        print(f"real event: {message}")
         assert 'no runtime for "nvidia-missing" is configured' in message
+        _, report = doctor(cluster, namespace, "no-handler")
+        assert 'no runtime for \\"nvidia-missing\\" is configured' in json.dumps(report)
     finally:
         cluster.kubectl("delete", "runtimeclass", "nvidia-missing", "--ignore-not-found", check=False)
 
