@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import threading
+import time
 from collections.abc import Iterator
 
 import pytest
-from cluster import WEBHOOK_NAMESPACE, Cluster, pod_json, wait_until
+from cluster import WEBHOOK_NAMESPACE, Cluster, gpu_pod, pod_json, wait_until
 from installed import HOOK_KINDS, RELEASE, InstalledWebhook, container_status
 from realnode import GPU_UUIDS, NODE_NAME, RealNode
 from test_20_real_node import CUDA_GPU_TEST
@@ -125,3 +127,88 @@ def test_pod_security_holds_in_the_running_container(cluster: Cluster, installed
         print(f"webhook container process {proc['pid']} (parent {proc['ppid']}): RSS {proc['rss_kib'] / 1024:.1f} MiB"
               f" {proc['cmd']}")
     assert any("gunicorn" in p["cmd"] or "gpu-webhook" in p["cmd"] for p in processes)
+
+
+class CreateLoop:
+    """Creates GPU Pods (server-side dry run: real admission, both webhooks called, nothing stored) in a thread
+    until stopped, counting what the API server answered."""
+
+    def __init__(self, cluster: Cluster, namespace: str) -> None:
+        self.cluster, self.namespace = cluster, namespace
+        self.results: list[tuple[int, str]] = []  # (HTTP status, "mutated" | "unmutated" | the refusal)
+        self.latencies: list[float] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        path = f"/api/v1/namespaces/{self.namespace}/pods?dryRun=All"
+        number = 0
+        while not self._stop.is_set():
+            number += 1
+            started = time.monotonic()
+            status, body = self.cluster.raw("POST", path, gpu_pod(f"loop-{number}", gpus=1))
+            self.latencies.append(time.monotonic() - started)
+            if status == 201:
+                self.results.append((status, "mutated" if body["spec"].get("runtimeClassName") else "unmutated"))
+            else:
+                self.results.append((status, str(body.get("message", body))))
+
+    def __enter__(self) -> CreateLoop:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=60)
+
+    def counts(self) -> dict[str, int]:
+        """How many creates were mutated, admitted unmutated, refused."""
+        out = {"mutated": 0, "unmutated": 0, "refused": 0}
+        for status, what in self.results:
+            out[what if status == 201 else "refused"] += 1
+        return out
+
+
+def _rollout_done(cluster: Cluster) -> bool:
+    done = cluster.kubectl("rollout", "status", f"deployment/{RELEASE}", "-n", WEBHOOK_NAMESPACE, "--timeout=5s",
+                           check=False)
+    return done.returncode == 0
+
+
+def test_rollout_restart_under_a_create_loop(cluster: Cluster, installed: InstalledWebhook, namespace: str) -> None:
+    """readiness, preStop, the PDB and gunicorn's graceful timeout together: 0 refused, 0 unmutated."""
+    before = {p["metadata"]["name"] for p in installed.pods()}
+    with CreateLoop(cluster, namespace) as loop:
+        time.sleep(2)
+        cluster.kubectl("rollout", "restart", f"deployment/{RELEASE}", "-n", WEBHOOK_NAMESPACE)
+        wait_until(lambda: _rollout_done(cluster) and not before & {p["metadata"]["name"] for p in installed.pods()},
+                   240, "the rollout to replace both webhook Pods", interval=1)
+        time.sleep(5)  # the old Pods' endpoints are gone; keep creating against the new ones
+    counts = loop.counts()
+    latencies = sorted(loop.latencies)
+    print(f"rollout restart: {counts}; create p50 {latencies[len(latencies) // 2] * 1000:.0f} ms, "
+          f"p99 {latencies[int(len(latencies) * 0.99)] * 1000:.0f} ms over {len(latencies)} creates")
+    refusals = [what for status, what in loop.results if status != 201]
+    assert counts["refused"] == 0, refusals[:5]
+    assert counts["unmutated"] == 0
+    assert counts["mutated"] > 20
+
+
+def test_deleting_a_webhook_pod_under_a_create_loop(cluster: Cluster, installed: InstalledWebhook,
+                                                    namespace: str) -> None:
+    """One webhook Pod deleted under the loop: what the failure policies promise. The other replica serves, so
+    nothing fails; were a call to fail, the mutating webhook (Ignore) would admit the Pod unmutated and the
+    validating one (Fail) would refuse it naming the webhook. Counted and printed either way."""
+    victim = installed.pods()[0]["metadata"]["name"]
+    with CreateLoop(cluster, namespace) as loop:
+        time.sleep(2)
+        cluster.kubectl("delete", "pod", victim, "-n", WEBHOOK_NAMESPACE, "--wait=false")
+        wait_until(lambda: _rollout_done(cluster) and victim not in {p["metadata"]["name"] for p in installed.pods()},
+                   240, "the Deployment to replace the deleted Pod", interval=1)
+        time.sleep(5)
+    counts = loop.counts()
+    print(f"webhook Pod deleted: {counts}")
+    for status, what in loop.results:
+        if status != 201:
+            assert "failed calling webhook" in what and "validate.gpu-webhook.io" in what, what
+    assert counts["refused"] == 0 and counts["unmutated"] == 0
