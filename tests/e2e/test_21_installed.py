@@ -16,7 +16,7 @@ from collections.abc import Iterator
 
 import pytest
 from cluster import WEBHOOK_NAMESPACE, Cluster, gpu_pod, pod_json, wait_until
-from installed import HOOK_KINDS, RELEASE, InstalledWebhook, container_status
+from installed import CHART, HOOK_KINDS, RELEASE, InstalledWebhook, container_status
 from realnode import GPU_UUIDS, NODE_NAME, RealNode
 from test_20_real_node import CUDA_GPU_TEST
 
@@ -211,4 +211,33 @@ def test_deleting_a_webhook_pod_under_a_create_loop(cluster: Cluster, installed:
     for status, what in loop.results:
         if status != 201:
             assert "failed calling webhook" in what and "validate.gpu-webhook.io" in what, what
+    assert counts["refused"] == 0 and counts["unmutated"] == 0
+
+
+def _rules_digest(cluster: Cluster, namespace: str) -> str:
+    status, body = cluster.raw("POST", f"/api/v1/namespaces/{namespace}/pods?dryRun=All", gpu_pod("digest", gpus=1))
+    assert status == 201, body
+    return str(body["metadata"]["annotations"]["gpu-webhook.io/rules"])
+
+
+def test_rule_change_through_helm_upgrade(cluster: Cluster, installed: InstalledWebhook, namespace: str) -> None:
+    """The README's story for Helm: `helm upgrade` with a rule edit in the values rolls the Pods (checksum/rules),
+    and the new rules serve; under the create loop nothing is refused or unmutated."""
+    before_digest = _rules_digest(cluster, namespace)
+    before_pods = {p["metadata"]["name"] for p in installed.pods()}
+    values = installed.home / "rules-edit.yaml"
+    values.write_text("rules:\n  gpu-policy.yaml:\n    spec:\n      enforcement:\n"
+                      "        gpu-limits-required: warn\n")
+    with CreateLoop(cluster, namespace) as loop:
+        installed.helm("upgrade", RELEASE, str(CHART),
+                       "--namespace", WEBHOOK_NAMESPACE, "--reuse-values", "-f", str(values), "--wait",
+                       "--timeout", "240s", timeout=300)
+        wait_until(lambda: _rollout_done(cluster)
+                   and not before_pods & {p["metadata"]["name"] for p in installed.pods()},
+                   240, "the upgrade to roll both webhook Pods", interval=1)
+        time.sleep(3)
+    after_digest = _rules_digest(cluster, namespace)
+    counts = loop.counts()
+    print(f"helm upgrade with a rule edit: digest {before_digest} -> {after_digest}; {counts}")
+    assert after_digest != before_digest
     assert counts["refused"] == 0 and counts["unmutated"] == 0
