@@ -24,7 +24,7 @@ from pathlib import Path
 
 from controlplane import BUILD_SCRIPT, CONTROL_PLANE, ControlPlane, build_binaries, compact_etcd, etcd_call
 from kwok_nodes import KWOK_ANNOTATION, SEED_NODES, KwokNodes, device_plugin_daemonset, node_gpus, seed_nodes
-from objects import SEED_POD_INJECTED, events_for, gpu_pod, injected, pod_json, wait_scheduled
+from objects import SEED_POD_INJECTED, CreateLoop, events_for, gpu_pod, injected, pod_json, wait_scheduled
 from pki import Pem, new_ca, new_leaf
 from procs import (
     GPU,
@@ -46,7 +46,8 @@ from webhook_url import UrlWebhook, edited_rules, wait_rules_digest, webhook_rea
 
 __all__ = [
     "BUILD_SCRIPT", "GPU", "GPU_TAINT", "HERE", "KWOK_ANNOTATION", "LOOPBACK", "REPO", "SEED_NODES",
-    "SEED_POD_INJECTED", "WEBHOOK_NAMESPACE", "Cluster", "ClusterError", "ControlPlane", "Json", "KwokNodes", "Pem",
+    "SEED_POD_INJECTED", "WEBHOOK_NAMESPACE", "Cluster", "ClusterError", "ControlPlane", "CreateLoop", "Json",
+    "KwokNodes", "Pem",
     "Proc", "UrlWebhook", "build_binaries", "compact_etcd", "device_plugin_daemonset", "edited_rules", "etcd_call",
     "events_for", "free_port", "gpu_pod", "injected", "new_ca", "new_leaf", "node_gpus", "pod_json",
     "running_cluster", "seed_nodes", "signal_group", "spawn", "wait_rules_digest", "wait_scheduled", "wait_until",

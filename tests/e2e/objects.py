@@ -5,6 +5,8 @@ as stored, its scheduling and its events.
 from __future__ import annotations
 
 import json
+import threading
+import time
 from collections.abc import Mapping
 
 from controlplane import ControlPlane
@@ -72,3 +74,52 @@ def events_for(cluster: ControlPlane, namespace: str, kind: str, name: str) -> l
                            f"--field-selector=involvedObject.kind={kind},involvedObject.name={name}")
     return list(json.loads(done.stdout)["items"])
 
+
+
+class CreateLoop:
+    """Creates GPU Pods (server-side dry run: real admission, both webhooks called, nothing stored) in a thread
+    until stopped, counting what the API server answered."""
+
+    def __init__(self, cluster: ControlPlane, namespace: str) -> None:
+        self.cluster, self.namespace = cluster, namespace
+        self.results: list[tuple[int, str]] = []  # (HTTP status, "mutated" | "unmutated" | the refusal)
+        self.latencies: list[float] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        path = f"/api/v1/namespaces/{self.namespace}/pods?dryRun=All"
+        number = 0
+        while not self._stop.is_set():
+            number += 1
+            started = time.monotonic()
+            status, body = self.cluster.raw("POST", path, gpu_pod(f"loop-{number}", gpus=1))
+            self.latencies.append(time.monotonic() - started)
+            if status == 201:
+                self.results.append((status, "mutated" if body["spec"].get("runtimeClassName") else "unmutated"))
+            else:
+                self.results.append((status, str(body.get("message", body))))
+
+    def __enter__(self) -> CreateLoop:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=60)
+
+    def summary(self) -> str:
+        """p50/p90/p99 of the creates, for a printed measurement."""
+        ordered = sorted(self.latencies)
+
+        def at(q: float) -> float:
+            return ordered[min(len(ordered) - 1, int(len(ordered) * q))] * 1000
+
+        return f"p50 {at(0.5):.1f} ms, p90 {at(0.9):.1f} ms, p99 {at(0.99):.1f} ms over {len(ordered)} creates"
+
+    def counts(self) -> dict[str, int]:
+        """How many creates were mutated, admitted unmutated, refused."""
+        out = {"mutated": 0, "unmutated": 0, "refused": 0}
+        for status, what in self.results:
+            out[what if status == 201 else "refused"] += 1
+        return out

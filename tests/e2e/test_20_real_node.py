@@ -11,9 +11,10 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 
 import pytest
-from cluster import GPU, Cluster, events_for, pod_json, wait_until, yaml_of
+from cluster import GPU, Cluster, CreateLoop, events_for, pod_json, wait_until, yaml_of
 from realnode import GPU_UUIDS, NODE_NAME, RealNode
 
 pytestmark = pytest.mark.e2e
@@ -208,3 +209,12 @@ def test_node_as_the_rules_expect(real_node: RealNode) -> None:
     assert labels["workload"] == "inference" and labels["gpu-type"] == "t4"
     assert {"key": GPU, "value": "present", "effect": "NoSchedule"} in node["spec"]["taints"]
     assert json.dumps(node["status"]["addresses"]).count("10.222.0.1") == 1
+
+
+def test_create_latency_by_url(cluster: Cluster, real_node: RealNode, namespace: str) -> None:
+    """Prints (does not time) Pod-create latency with the webhook by URL (a host process), the same loop that
+    test_21 runs against the in-cluster webhook through its Service."""
+    with CreateLoop(cluster, namespace) as loop:
+        time.sleep(15)
+    print(f"Pod-create (dry run) via the URL route: {loop.summary()}")
+    assert loop.counts()["refused"] == 0

@@ -8,14 +8,18 @@ Needs what test_20 needs, plus buildah and mmdebstrap (tests/e2e/build_node.sh i
 
 from __future__ import annotations
 
+import base64
 import datetime as dt
 import json
-import threading
+import socket
+import ssl
 import time
 from collections.abc import Iterator
 
 import pytest
-from cluster import WEBHOOK_NAMESPACE, Cluster, gpu_pod, pod_json, wait_until
+from cluster import WEBHOOK_NAMESPACE, Cluster, CreateLoop, gpu_pod, new_leaf, pod_json, wait_until
+from cryptography import x509
+from cryptography.hazmat.primitives import serialization
 from installed import CHART, HOOK_KINDS, RELEASE, InstalledWebhook, container_status
 from realnode import GPU_UUIDS, NODE_NAME, RealNode
 from test_20_real_node import CUDA_GPU_TEST
@@ -129,46 +133,6 @@ def test_pod_security_holds_in_the_running_container(cluster: Cluster, installed
     assert any("gunicorn" in p["cmd"] or "gpu-webhook" in p["cmd"] for p in processes)
 
 
-class CreateLoop:
-    """Creates GPU Pods (server-side dry run: real admission, both webhooks called, nothing stored) in a thread
-    until stopped, counting what the API server answered."""
-
-    def __init__(self, cluster: Cluster, namespace: str) -> None:
-        self.cluster, self.namespace = cluster, namespace
-        self.results: list[tuple[int, str]] = []  # (HTTP status, "mutated" | "unmutated" | the refusal)
-        self.latencies: list[float] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        path = f"/api/v1/namespaces/{self.namespace}/pods?dryRun=All"
-        number = 0
-        while not self._stop.is_set():
-            number += 1
-            started = time.monotonic()
-            status, body = self.cluster.raw("POST", path, gpu_pod(f"loop-{number}", gpus=1))
-            self.latencies.append(time.monotonic() - started)
-            if status == 201:
-                self.results.append((status, "mutated" if body["spec"].get("runtimeClassName") else "unmutated"))
-            else:
-                self.results.append((status, str(body.get("message", body))))
-
-    def __enter__(self) -> CreateLoop:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(timeout=60)
-
-    def counts(self) -> dict[str, int]:
-        """How many creates were mutated, admitted unmutated, refused."""
-        out = {"mutated": 0, "unmutated": 0, "refused": 0}
-        for status, what in self.results:
-            out[what if status == 201 else "refused"] += 1
-        return out
-
-
 def _rollout_done(cluster: Cluster) -> bool:
     done = cluster.kubectl("rollout", "status", f"deployment/{RELEASE}", "-n", WEBHOOK_NAMESPACE, "--timeout=5s",
                            check=False)
@@ -185,9 +149,7 @@ def test_rollout_restart_under_a_create_loop(cluster: Cluster, installed: Instal
                    240, "the rollout to replace both webhook Pods", interval=1)
         time.sleep(5)  # the old Pods' endpoints are gone; keep creating against the new ones
     counts = loop.counts()
-    latencies = sorted(loop.latencies)
-    print(f"rollout restart: {counts}; create p50 {latencies[len(latencies) // 2] * 1000:.0f} ms, "
-          f"p99 {latencies[int(len(latencies) * 0.99)] * 1000:.0f} ms over {len(latencies)} creates")
+    print(f"rollout restart: {counts}; {loop.summary()}")
     refusals = [what for status, what in loop.results if status != 201]
     assert counts["refused"] == 0, refusals[:5]
     assert counts["unmutated"] == 0
@@ -240,4 +202,55 @@ def test_rule_change_through_helm_upgrade(cluster: Cluster, installed: Installed
     counts = loop.counts()
     print(f"helm upgrade with a rule edit: digest {before_digest} -> {after_digest}; {counts}")
     assert after_digest != before_digest
+    assert counts["refused"] == 0 and counts["unmutated"] == 0
+
+
+def test_create_latency_by_service(cluster: Cluster, installed: InstalledWebhook, namespace: str) -> None:
+    """Prints (does not time) Pod-create latency with the in-cluster webhook reached through its Service;
+    test_20 prints the same loop against the webhook by URL."""
+    with CreateLoop(cluster, namespace) as loop:
+        time.sleep(15)
+    print(f"Pod-create (dry run) via the Service route: {loop.summary()}")
+    assert loop.counts()["refused"] == 0
+
+
+def _served_certificates(installed: InstalledWebhook) -> set[bytes]:
+    """The serving certificate (DER) each webhook Pod presents on its Pod IP (on the suite's own bridge)."""
+    served = set()
+    for pod in installed.pods():
+        context = ssl.create_default_context()
+        context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
+        with socket.create_connection((pod["status"]["podIP"], 8443), timeout=5) as raw, \
+                context.wrap_socket(raw) as tls:
+            served.add(tls.getpeercert(binary_form=True) or b"")
+    return served
+
+
+def test_certificate_rotated_in_the_secret(cluster: Cluster, installed: InstalledWebhook, namespace: str) -> None:
+    """A new serving certificate (same CA) written into the mounted Secret: every Pod serves it once the kubelet
+    has updated the volume, and under the create loop nothing fails."""
+    secret = json.loads(cluster.kubectl("get", "secret", f"{RELEASE}-ca", "-n", WEBHOOK_NAMESPACE, "-o",
+                                        "json").stdout)
+    ca_cert = x509.load_pem_x509_certificate(base64.b64decode(secret["data"]["tls.crt"]))
+    ca_key = serialization.load_pem_private_key(base64.b64decode(secret["data"]["tls.key"]), None)
+    tls = json.loads(cluster.kubectl("get", "secret", f"{RELEASE}-tls", "-n", WEBHOOK_NAMESPACE, "-o",
+                                     "json").stdout)
+    old = x509.load_pem_x509_certificate(base64.b64decode(tls["data"]["tls.crt"]))
+    names = old.extensions.get_extension_for_class(x509.SubjectAlternativeName).value.get_values_for_type(
+        x509.DNSName)
+    leaf = new_leaf(ca_key, ca_cert, f"{RELEASE}.{WEBHOOK_NAMESPACE}.svc", dns=names, server=True)  # type: ignore[arg-type]
+    new_der = x509.load_pem_x509_certificate(leaf.cert).public_bytes(serialization.Encoding.DER)
+    assert new_der not in _served_certificates(installed)
+    patch = {"data": {"tls.crt": base64.b64encode(leaf.cert).decode(), "tls.key": base64.b64encode(leaf.key).decode()}}
+    with CreateLoop(cluster, namespace) as loop:
+        time.sleep(2)
+        cluster.kubectl("patch", "secret", f"{RELEASE}-tls", "-n", WEBHOOK_NAMESPACE, "--type=merge", "-p",
+                        json.dumps(patch))
+        started = time.monotonic()
+        wait_until(lambda: _served_certificates(installed) == {new_der}, 180,
+                   "every webhook Pod to serve the rotated certificate", interval=1)
+        took = time.monotonic() - started
+        time.sleep(3)
+    counts = loop.counts()
+    print(f"certificate rotated in the Secret: served by every Pod after {took:.0f} s; {counts}")
     assert counts["refused"] == 0 and counts["unmutated"] == 0
