@@ -193,7 +193,8 @@ class ControlPlane:
         serving = new_leaf(ca_key, ca_cert, "kube-apiserver", server=True,
                            dns=["localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc",
                                 "kubernetes.default.svc.cluster.local"],
-                           ips=[LOOPBACK, "10.0.0.1"])
+                           # 10.222.0.1: the real node's bridge, where realnode.py relays Pods to this server.
+                           ips=[LOOPBACK, "10.0.0.1", "10.222.0.1"])
         admin = new_leaf(ca_key, ca_cert, "system:admin", organization="system:masters")
         sa_key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
         files = {

@@ -46,7 +46,8 @@ def _built(script: Path) -> str:
     return done.stdout.strip().splitlines()[-1]
 
 
-def _strip(doc: Json) -> Json:
+def strip_server_fields(doc: Json) -> Json:
+    """A stored object without what the server set (uid, resourceVersion, ...), to apply it again."""
     doc = copy.deepcopy(doc)
     for key in SERVER_FIELDS:
         doc["metadata"].pop(key, None)
@@ -101,7 +102,7 @@ class InstalledWebhook:
         """`helm uninstall`, then put the harness's configurations back."""
         self.helm("uninstall", RELEASE, "--namespace", WEBHOOK_NAMESPACE, "--wait", check=False)
         if self.saved:
-            restore = [_strip(doc) for doc in self.saved.values()]
+            restore = [strip_server_fields(doc) for doc in self.saved.values()]
             self.cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", "-",
                                  input=yaml.safe_dump_all(restore))
         self.saved = None

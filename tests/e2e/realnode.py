@@ -36,8 +36,11 @@ import os
 import re
 import shutil
 import signal
+import socket
+import socketserver
 import subprocess
 import tarfile
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -60,6 +63,7 @@ GPU_UUIDS = ("GPU-7499c50f-2307-cd9c-d9cc-937afc16d5cb", "GPU-1f6e9a2c-5b3d-4e8f
              "GPU-3a5c7e9b-1d2f-4a6c-8e0b-5d7f9a1c3e5b", "GPU-6b8d0f2a-4c6e-4b1d-9f3a-7e9b1d3f5a7c")
 RUNC = "/usr/sbin/runc"
 CNI_BIN = "/usr/lib/cni"
+API_FORWARD_PORT = 6443
 NETNS_DIR = Path("/run/netns")
 DEVICE_PLUGIN_DIR = Path("/var/lib/kubelet/device-plugins")
 
@@ -198,6 +202,7 @@ class RealNode:
     _lock: Any = None
     _netns_before: set[str] = field(default_factory=set)
     _created_var_lib_kubelet: bool = False
+    _relay: socketserver.ThreadingTCPServer | None = None
 
     @property
     def logdir(self) -> Path:
@@ -457,6 +462,34 @@ path = "{self.bindir / 'nvidia-ctk'}"
         if proc is not None:
             proc.stop()
 
+    # ------------------------------------------------------------------ the API server from Pods
+
+    def forward_api_server(self) -> tuple[str, int]:
+        """A STAND-IN for kube-proxy's route to the `kubernetes` Service: a TCP relay on the node IP (the bridge's
+        gateway, reachable from Pods) to the API server on 127.0.0.1. There is no kube-proxy, so the Service's
+        ClusterIP leads nowhere; a Pod that talks to the API server is given this address instead
+        (KUBERNETES_SERVICE_HOST/PORT), which the API server's certificate names. Returns (host, port)."""
+        if self._relay is None:
+            target = (LOOPBACK, self.cluster.apiserver_port)
+
+            class Relay(socketserver.BaseRequestHandler):
+                def handle(self) -> None:
+                    with socket.create_connection(target, timeout=10) as upstream:
+                        upstream.settimeout(None)
+                        pump = threading.Thread(target=_pipe, args=(upstream, self.request), daemon=True)
+                        pump.start()
+                        _pipe(self.request, upstream)
+                        pump.join(timeout=5)
+
+            server = socketserver.ThreadingTCPServer((NODE_IP, API_FORWARD_PORT), Relay, bind_and_activate=False)
+            server.daemon_threads = True
+            server.allow_reuse_address = True
+            server.server_bind()
+            server.server_activate()
+            threading.Thread(target=server.serve_forever, daemon=True).start()
+            self._relay = server
+        return NODE_IP, API_FORWARD_PORT
+
     # ------------------------------------------------------------------ teardown
 
     def stop(self) -> None:
@@ -472,6 +505,10 @@ path = "{self.bindir / 'nvidia-ctk'}"
             self._lock = None
 
     def _stop(self) -> None:
+        if self._relay is not None:
+            self._relay.shutdown()
+            self._relay.server_close()
+            self._relay = None
         kubelet = self.procs.get("kubelet")
         if kubelet is not None and kubelet.alive():
             with contextlib.suppress(Exception):
@@ -540,3 +577,12 @@ path = "{self.bindir / 'nvidia-ctk'}"
                     (DEVICE_PLUGIN_DIR / entry).unlink()
         # veths whose peer lived in a deleted netns go with it; any still on the bridge went with the bridge.
 
+
+
+def _pipe(source: socket.socket, sink: socket.socket) -> None:
+    """Copy bytes from source to sink until either side closes."""
+    with contextlib.suppress(OSError):
+        while data := source.recv(65536):
+            sink.sendall(data)
+    with contextlib.suppress(OSError):
+        sink.shutdown(socket.SHUT_WR)

@@ -16,25 +16,9 @@ import time
 import pytest
 from cluster import GPU, Cluster, CreateLoop, events_for, pod_json, wait_until, yaml_of
 from realnode import GPU_UUIDS, NODE_NAME, RealNode
+from test_01_placement import CUDA_GPU_TEST  # the seed's Pod, as the seed writes it
 
 pytestmark = pytest.mark.e2e
-
-# The seed's Pod, as the seed writes it.
-CUDA_GPU_TEST = """\
-apiVersion: v1
-kind: Pod
-metadata:
-  name: cuda-gpu-test
-spec:
-  restartPolicy: Never
-  containers:
-    - name: cuda
-      image: nvidia/cuda:12.4.1-base-ubuntu22.04
-      command: ["nvidia-smi"]
-      resources:
-        limits:
-          nvidia.com/gpu: 1
-"""
 
 
 def doctor(cluster: Cluster, namespace: str, pod: str) -> tuple[int, dict[str, object]]:

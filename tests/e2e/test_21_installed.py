@@ -14,15 +14,18 @@ import json
 import socket
 import ssl
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 
 import pytest
+import yaml
 from cluster import WEBHOOK_NAMESPACE, Cluster, CreateLoop, gpu_pod, new_leaf, pod_json, wait_until
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 from installed import CHART, HOOK_KINDS, RELEASE, InstalledWebhook, container_status
 from realnode import GPU_UUIDS, NODE_NAME, RealNode
-from test_20_real_node import CUDA_GPU_TEST
+from test_01_placement import CUDA_GPU_TEST
 
 pytestmark = pytest.mark.e2e
 
@@ -254,3 +257,52 @@ def test_certificate_rotated_in_the_secret(cluster: Cluster, installed: Installe
     counts = loop.counts()
     print(f"certificate rotated in the Secret: served by every Pod after {took:.0f} s; {counts}")
     assert counts["refused"] == 0 and counts["unmutated"] == 0
+
+
+def _readyz(pod: dict[str, object]) -> dict[str, object]:
+    """A webhook Pod's /readyz document, read on its Pod IP (on the suite's own bridge)."""
+    context = ssl.create_default_context()
+    context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
+    ip = pod["status"]["podIP"]  # type: ignore[index]
+    try:
+        with urllib.request.urlopen(f"https://{ip}:8443/readyz", context=context, timeout=5) as response:
+            return dict(json.loads(response.read()))
+    except urllib.error.HTTPError as err:
+        return dict(json.loads(err.read()))
+
+
+def test_cluster_awareness_in_cluster_with_the_charts_rbac(cluster: Cluster, installed: InstalledWebhook,
+                                                           real_node: RealNode) -> None:
+    """clusterAwareness on: the Pods' ServiceAccount and the chart's RBAC are enough for the inventory's list/watch
+    (synced); with a permission taken away, /readyz says which list the API server refused, and why."""
+    host, port = real_node.forward_api_server()
+    values = installed.home / "awareness.yaml"
+    values.write_text(yaml.safe_dump({"clusterAwareness": {"enabled": True}, "server": {"extraEnv": [
+        {"name": "KUBERNETES_SERVICE_HOST", "value": host}, {"name": "KUBERNETES_SERVICE_PORT", "value": str(port)},
+    ]}}))
+    installed.helm("upgrade", RELEASE, str(CHART), "--namespace", WEBHOOK_NAMESPACE, "--reuse-values", "-f",
+                   str(values), "--wait", "--timeout", "240s", timeout=300)
+    wait_until(lambda: _rollout_done(cluster), 240, "the upgrade to roll out", interval=1)
+    wait_until(lambda: all(_readyz(p)["checks"]["inventory"]["synced"] is True  # type: ignore[index]
+                           for p in installed.pods()), 60, "the in-cluster inventory to sync")
+
+    role = f"{RELEASE}-cluster-awareness"
+    saved = json.loads(cluster.kubectl("get", "clusterrole", role, "-o", "json").stdout)
+    narrowed = [r for r in saved["rules"] if "runtimeclasses" not in r.get("resources", [])]
+    cluster.kubectl("patch", "clusterrole", role, "--type=json", "-p",
+                    json.dumps([{"op": "replace", "path": "/rules", "value": narrowed}]))
+    try:
+        cluster.kubectl("rollout", "restart", f"deployment/{RELEASE}", "-n", WEBHOOK_NAMESPACE)
+        wait_until(lambda: _rollout_done(cluster), 240, "the restart to roll out", interval=1)
+
+        def refused() -> str:
+            reasons = [_readyz(p)["checks"]["inventory"].get("reason", "")  # type: ignore[attr-defined]
+                       for p in installed.pods()]
+            return reasons[0] if all("403" in r for r in reasons) else ""
+
+        reason = wait_until(refused, 60, "/readyz to report the refused list")
+        print(f"/readyz with runtimeclasses not permitted: {reason}")
+        assert "runtimeclasses" in reason and "lacks read access" in reason
+    finally:
+        cluster.kubectl("patch", "clusterrole", role, "--type=json", "-p",
+                        json.dumps([{"op": "replace", "path": "/rules", "value": saved["rules"]}]))
