@@ -277,11 +277,12 @@ def test_cluster_awareness_in_cluster_with_the_charts_rbac(cluster: Cluster, ins
     (synced); with a permission taken away, /readyz says which list the API server refused, and why."""
     host, port = real_node.forward_api_server()
     values = installed.home / "awareness.yaml"
-    values.write_text(yaml.safe_dump({"clusterAwareness": {"enabled": True}, "server": {"extraEnv": [
-        {"name": "KUBERNETES_SERVICE_HOST", "value": host}, {"name": "KUBERNETES_SERVICE_PORT", "value": str(port)},
-    ]}}))
+    values.write_text(yaml.safe_dump({"clusterAwareness": {"enabled": True}}))
     installed.helm("upgrade", RELEASE, str(CHART), "--namespace", WEBHOOK_NAMESPACE, "--reuse-values", "-f",
                    str(values), "--wait", "--timeout", "240s", timeout=300)
+    # The one change to what ships, standing in for kube-proxy: the chart's extraEnv takes only GPU_WEBHOOK_*.
+    cluster.kubectl("set", "env", f"deployment/{RELEASE}", "-n", WEBHOOK_NAMESPACE,
+                    f"KUBERNETES_SERVICE_HOST={host}", f"KUBERNETES_SERVICE_PORT={port}")
     wait_until(lambda: _rollout_done(cluster), 240, "the upgrade to roll out", interval=1)
     wait_until(lambda: all(_readyz(p)["checks"]["inventory"]["synced"] is True  # type: ignore[index]
                            for p in installed.pods()), 60, "the in-cluster inventory to sync")
