@@ -10,6 +10,8 @@
 # The base is pinned by patch-version tag AND by the digest of its multi-architecture index
 # (python:3.11.14-slim-bookworm, as referenced by several public projects; verify or refresh it with
 # `docker buildx imagetools inspect python:3.11.14-slim-bookworm`). Override with --build-arg PYTHON_IMAGE=...
+# Where no registry is reachable, a local Debian bookworm root filesystem with python3 (3.11) and python3-pip,
+# made with mmdebstrap, serves as the base: tests/e2e/build_image.sh builds the image that way with buildah.
 ARG PYTHON_IMAGE=python:3.11.14-slim-bookworm@sha256:65a93d69fa75478d554f4ad27c85c1e69fa184956261b4301ebaf6dbb0a3543d
 
 FROM ${PYTHON_IMAGE} AS builder
@@ -21,8 +23,14 @@ WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY webhook/ webhook/
 COPY rules/ rules/
-RUN pip wheel --no-cache-dir --wheel-dir /wheels . \
- && pip install --no-cache-dir --no-index --prefix /install /wheels/*.whl
+# /install mirrors /usr/local: the packages go to the site directory the base's interpreter reads under /usr/local
+# (site-packages on the official image; dist-packages on a Debian python3 base, whose interpreter is
+# /usr/bin/python3), the console scripts to /install/bin. --target also keeps pip off a Debian base's
+# system packages (PEP 668).
+RUN python3 -m pip wheel --no-cache-dir --wheel-dir /wheels . \
+ && site="$(python3 -c 'import site; print(next(p for p in site.getsitepackages() if p.startswith("/usr/local/")))')" \
+ && python3 -m pip install --no-cache-dir --no-index --target "/install${site#/usr/local}" /wheels/*.whl \
+ && mv "/install${site#/usr/local}/bin" /install/bin
 
 FROM ${PYTHON_IMAGE} AS runtime
 ARG VERSION=0.1.0
@@ -36,7 +44,7 @@ ENV PYTHONUNBUFFERED=1 \
     PYTHONDONTWRITEBYTECODE=1 \
     HOME=/tmp \
     GPU_WEBHOOK_PORT=8443
-# The installed tree only: site-packages and the console script (its shebang is /usr/local/bin/python,
+# The installed tree only: the site directory and the console script (its shebang is the base's python3,
 # the same interpreter in both stages).
 COPY --from=builder /install /usr/local
 # Non-root, numeric (Kubernetes' runAsNonRoot can only verify a numeric user). The root filesystem can be

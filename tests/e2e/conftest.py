@@ -19,9 +19,11 @@ from pathlib import Path
 
 import pytest
 from cluster import BUILD_SCRIPT, Cluster, ClusterError, running_cluster
+from realnode import RealNode, build_node_binaries
 
 _counter = itertools.count()
 _CLUSTER: list[Cluster] = []
+_NODE: list[RealNode] = []
 
 
 def _on_ci() -> bool:
@@ -50,6 +52,32 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         _CLUSTER.clear()
 
 
+@pytest.fixture(scope="module")
+def real_node(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealNode]:
+    """OPT-IN: a real kubelet on containerd (tests/e2e/realnode.py) beside the kwok nodes, for one test module.
+
+    Only the real-node tests ask for it. It fails (never skips) when the machine cannot run it: not root, a missing
+    package, or another real node running (one at a time per machine). While it runs the kwok T4 nodes are cordoned,
+    so that the seed's Pod, which the packaged rules send to an inference T4 node, lands on the real node.
+    """
+    node = RealNode(cluster=cluster, bindir=Path(), workdir=tmp_path_factory.mktemp("realnode"))
+    t4 = ("gpu-t4-0", "gpu-t4-1")
+    try:
+        node.bindir = build_node_binaries()
+        node.start()
+        for name in t4:
+            cluster.kubectl("cordon", name)
+        _NODE.append(node)
+        yield node
+    except ClusterError as exc:
+        pytest.fail(f"e2e real node could not be built or started: {exc}", pytrace=False)
+    finally:
+        _NODE.clear()
+        for name in t4:
+            cluster.kubectl("uncordon", name, check=False)
+        node.stop()
+
+
 @pytest.fixture
 def namespace(cluster: Cluster, request: pytest.FixtureRequest) -> Iterator[str]:
     """A fresh namespace (its `default` ServiceAccount exists), deleted after the test."""
@@ -67,4 +95,6 @@ def pytest_runtest_makereport(item: pytest.Item,
     report = yield
     if report.failed and _CLUSTER:
         report.sections.append(("control-plane logs", _CLUSTER[0].logs()))
+    if report.failed and _NODE:
+        report.sections.append(("real-node logs", _NODE[0].logs()))
     return report

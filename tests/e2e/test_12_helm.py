@@ -12,7 +12,6 @@ helm comes from tests/e2e/build_helm.sh (built from helm.sh/helm/v4 via the Go m
 from __future__ import annotations
 
 import base64
-import copy
 import json
 import os
 import re
@@ -35,6 +34,7 @@ from cluster import (
     wait_scheduled,
     wait_until,
 )
+from installed import strip_server_fields
 
 pytestmark = pytest.mark.e2e
 
@@ -42,7 +42,6 @@ CHART = REPO / "charts" / "gpu-webhook"
 RELEASE = "gpu-webhook"
 HOOK_KINDS = ("mutatingwebhookconfiguration", "validatingwebhookconfiguration")
 SEED_REVIEW = REPO / "tests" / "data" / "admission-reviews" / "pod-create-limits-only-defaulted.json"
-SERVER_FIELDS = ("uid", "resourceVersion", "generation", "creationTimestamp", "managedFields")
 
 Json = dict[str, Any]
 
@@ -80,14 +79,6 @@ class HelmCli:
         return done
 
 
-def _strip(doc: Json) -> Json:
-    doc = copy.deepcopy(doc)
-    for key in SERVER_FIELDS:
-        doc["metadata"].pop(key, None)
-    doc["metadata"].get("annotations", {}).pop("kubectl.kubernetes.io/last-applied-configuration", None)
-    return doc
-
-
 def _configuration(cluster: Cluster, kind: str) -> Json | None:
     done = cluster.kubectl("get", kind, RELEASE, "-o", "json", check=False)
     return json.loads(done.stdout) if done.returncode == 0 else None
@@ -122,7 +113,7 @@ def chart_installed(cluster: Cluster, helm: HelmCli, harness_configurations: dic
         yield
     finally:
         helm("uninstall", RELEASE, "--namespace", WEBHOOK_NAMESPACE, "--wait", check=False)
-        restore = [_strip(harness_configurations[kind]) for kind in HOOK_KINDS]
+        restore = [strip_server_fields(harness_configurations[kind]) for kind in HOOK_KINDS]
         cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", "-", input=yaml.safe_dump_all(restore))
         cluster.wait_webhook_active()
 

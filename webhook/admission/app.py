@@ -122,7 +122,11 @@ class AdmissionServer:
         ready = True
         if self.inventory is not None:
             # Reported, never a reason to be unready: without the inventory its checks are skipped, the rest works.
-            checks["inventory"] = {"synced": self.inventory.synced}
+            # Not synced, it says why (e.g. the API server's 403 when the ServiceAccount lacks a permission).
+            snapshot = self.inventory.snapshot()
+            checks["inventory"] = {"synced": snapshot.synced}
+            if not snapshot.synced:
+                checks["inventory"]["reason"] = snapshot.reason
         if self.tls is not None:
             loaded = self.tls.refresh()
             ready = loaded is not None
