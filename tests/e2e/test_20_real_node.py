@@ -157,9 +157,12 @@ def test_device_missing_from_the_cdi_spec(cluster: Cluster, real_node: RealNode,
     print(f"real event: {message}")
     assert ("failed to inject CDI devices: unresolvable CDI devices "
             "nvidia.com/gpu=GPU-00000000-0000-0000-0000-000000000000") in message
-    # doctor shows the runtime's own text among the Pod's events (its explanation of it comes with issue 23).
-    _, report = doctor(cluster, namespace, "no-such-gpu")
-    assert "unresolvable CDI devices nvidia.com/gpu=GPU-00000000-0000-0000-0000-000000000000" in json.dumps(report)
+    # doctor explains the runtime's own text: the node's CDI spec lacks the device, and how to regenerate it.
+    code, report = doctor(cluster, namespace, "no-such-gpu")
+    assert code == 1
+    text = json.dumps(report)
+    assert "could not inject the CDI device nvidia.com/gpu=GPU-00000000-0000-0000-0000-000000000000" in text
+    assert "nvidia-ctk cdi generate" in text
 
 
 def test_runtime_handler_that_does_not_exist(cluster: Cluster, real_node: RealNode, namespace: str) -> None:
@@ -180,8 +183,9 @@ def test_runtime_handler_that_does_not_exist(cluster: Cluster, real_node: RealNo
         message = wait_until(sandbox_event, 90, "the FailedCreatePodSandBox event")
         print(f"real event: {message}")
         assert 'no runtime for "nvidia-missing" is configured' in message
-        _, report = doctor(cluster, namespace, "no-handler")
-        assert 'no runtime for \\"nvidia-missing\\" is configured' in json.dumps(report)
+        code, report = doctor(cluster, namespace, "no-handler")
+        assert code == 1
+        assert 'containerd on the node has no runtime handler \\"nvidia-missing\\"' in json.dumps(report)
     finally:
         cluster.kubectl("delete", "runtimeclass", "nvidia-missing", "--ignore-not-found", check=False)
 
