@@ -70,8 +70,15 @@ def values_text() -> str:
     return text
 
 
+def _importable() -> None:
+    """The compiler is imported from this checkout (also when the package is not installed)."""
+    if str(REPO) not in sys.path:
+        sys.path.insert(0, str(REPO))
+
+
 def native_crd_text() -> str:
     """The GPUClassMap CRD of native mode (the params' kind), as crds/ holds it."""
+    _importable()
     from webhook.policy import native
 
     return GENERATED.format(source="native.py") + yaml.safe_dump(native.crd(), sort_keys=False, width=120)
@@ -79,6 +86,7 @@ def native_crd_text() -> str:
 
 def native_policies_text() -> str:
     """The admission policies and bindings of native mode: the same for every rule set (they read the params)."""
+    _importable()
     from webhook.policy import native_cel
 
     return GENERATED.format(source="native_cel.py") + yaml.safe_dump_all(native_cel.policies(), sort_keys=False,
