@@ -601,6 +601,13 @@ NATIVE_POLICIES = {(d["kind"], d["metadata"]["name"]) for d in native_cel.polici
 NATIVE = NATIVE_POLICIES | {("GPUClassMap", native.PARAMS_NAME)}
 
 
+@pytest.mark.parametrize("mode", ["native", "hybrid"])
+def test_lint_strict_in_each_mode(chart: Helm, tmp_path_factory: pytest.TempPathFactory, mode: str) -> None:
+    values = _render_values(tmp_path_factory, mode)
+    done = chart.run("lint", "--strict", "--namespace", NAMESPACE, str(CHART), "-f", str(values))
+    assert "0 chart(s) failed" in done.stdout, done.stdout
+
+
 def test_webhook_mode_renders_what_the_chart_rendered_before_modes(chart: Helm) -> None:
     """mode=webhook is the default, and its output is byte-for-byte the default render."""
     assert yaml.safe_load((CHART / "values.yaml").read_text())["mode"] == "webhook"
