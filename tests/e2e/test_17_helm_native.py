@@ -39,6 +39,7 @@ from cluster import (
     wait_until,
 )
 from test_12_helm import CHART, HOOK_KINDS, RELEASE, HelmCli, _helm_binary
+from test_15_native import NAMESPACE_RULES
 from test_15_native_hybrid import _reviews
 
 from webhook.admission.loader import load_policy
@@ -53,9 +54,9 @@ NATIVE_KINDS = ["GPUClassMap", "MutatingAdmissionPolicy", "MutatingAdmissionPoli
                 "ValidatingAdmissionPolicyBinding"]
 
 
-def rendered_values(out: Path, mode: str) -> Path:
-    """The values file a user renders from the shipped rules."""
-    done = subprocess.run([sys.executable, "-m", "webhook", "policies", "render", "--rules", str(REPO / "rules"),
+def rendered_values(out: Path, mode: str, rules: Path = REPO / "rules") -> Path:
+    """The values file a user renders from the rules (the shipped ones by default)."""
+    done = subprocess.run([sys.executable, "-m", "webhook", "policies", "render", "--rules", str(rules),
                            "--mode", mode, "--format", "helm-values"], check=True, capture_output=True, text=True,
                           cwd=REPO, timeout=120)
     out.write_text(done.stdout)
@@ -142,6 +143,35 @@ class TestNative:
         assert "ValidatingAdmissionPolicy 'gpu-webhook.io-deny'" in done.stderr, done.stderr
         assert '[gpu-class-unknown] metadata.labels[gpu-webhook.io/workload]: "batch" is not a workload class' in (
             done.stderr)
+
+    def test_a_rule_edit_is_a_re_render_and_a_helm_upgrade(self, native_release: tuple[Cluster, HelmCli],
+                                                           tmp_path: Path) -> None:
+        """Only the GPUClassMap of the release changes, and the policies use the new rules."""
+        cluster, helm = native_release
+        rules = tmp_path / "rules"
+        rules.mkdir()
+        (rules / "00-platform.yaml").write_text((REPO / "rules" / "gpu-policy.yaml").read_text())
+        (rules / "10-research.yaml").write_text(NAMESPACE_RULES)
+        cluster.ensure_namespace("native-research")
+        chart = [RELEASE, str(CHART), "--namespace", WEBHOOK_NAMESPACE, "--wait"]
+        before = helm("get", "manifest", RELEASE, "--namespace", WEBHOOK_NAMESPACE).stdout
+        try:
+            helm("upgrade", *chart, "-f", str(rendered_values(tmp_path / "edited.yaml", "native", rules)))
+            after = helm("get", "manifest", RELEASE, "--namespace", WEBHOOK_NAMESPACE).stdout
+            old, new = ([d for d in yaml.safe_load_all(text) if d] for text in (before, after))
+            changed = [n["kind"] for o, n in zip(old, new, strict=True) if o != n]
+            assert changed == ["GPUClassMap"]
+
+            def placed() -> dict[str, Any]:
+                done = cluster.kubectl("create", "--dry-run=server", "-o", "json", "-n", "native-research", "-f",
+                                       "-", input=json.dumps(gpu_pod("plain")))
+                return dict(json.loads(done.stdout))
+
+            pod = wait_until(lambda: (p := placed())["metadata"]["annotations"]["gpu-webhook.io/class"] ==
+                             "workload=training,gpu-type=a100" and p, 30, "the upgraded params to be used")
+            assert pod["spec"]["nodeSelector"] == {"workload": "training", "gpu-type": "a100"}
+        finally:
+            helm("upgrade", *chart, "-f", str(rendered_values(tmp_path / "shipped.yaml", "native")))
 
 
 @pytest.fixture(scope="class")
