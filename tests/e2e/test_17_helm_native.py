@@ -39,7 +39,7 @@ from cluster import (
     wait_until,
 )
 from test_12_helm import CHART, HOOK_KINDS, RELEASE, HelmCli, _helm_binary
-from test_15_native import NAMESPACE_RULES
+from test_15_native import research_rules
 from test_15_native_hybrid import _reviews
 
 from webhook.admission.loader import load_policy
@@ -148,10 +148,7 @@ class TestNative:
                                                            tmp_path: Path) -> None:
         """Only the GPUClassMap of the release changes, and the policies use the new rules."""
         cluster, helm = native_release
-        rules = tmp_path / "rules"
-        rules.mkdir()
-        (rules / "00-platform.yaml").write_text((REPO / "rules" / "gpu-policy.yaml").read_text())
-        (rules / "10-research.yaml").write_text(NAMESPACE_RULES)
+        rules = research_rules(tmp_path)
         cluster.ensure_namespace("native-research")
         chart = [RELEASE, str(CHART), "--namespace", WEBHOOK_NAMESPACE, "--wait"]
         before = helm("get", "manifest", RELEASE, "--namespace", WEBHOOK_NAMESPACE).stdout
