@@ -30,6 +30,9 @@ import pytest
 import yaml
 from support.manifests import strict_errors
 
+from webhook.admission.loader import load_policy
+from webhook.policy import native, native_cel
+
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "gpu-webhook"
 BUILD_HELM = REPO / "tests" / "e2e" / "build_helm.sh"
@@ -37,6 +40,7 @@ BUILD_E2E = REPO / "tests" / "e2e" / "build.sh"
 RELEASE = "gpu-webhook"
 NAMESPACE = "gpu-system"
 WEBHOOK_KINDS = ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration")
+PACKAGED_RULES = load_policy(REPO / "rules")
 COMPONENTS_ON = {"clusterAwareness": {"enabled": True}, "serviceMonitor": {"enabled": True},
                  "runtimeClass": {"create": True}}
 
@@ -567,3 +571,139 @@ def test_kustomize_labels_are_kept(chart: Helm, kubectl: Path) -> None:
         labels = ours[key]["metadata"].get("labels", {})
         for name, value in doc["metadata"].get("labels", {}).items():
             assert labels.get(name) == value, f"{key}: label {name}"
+
+
+# ------------------------------------------------------------------------------------------------------ modes
+
+
+def _render_values(tmp_path_factory: pytest.TempPathFactory, mode: str) -> Path:
+    """The values file `gpu-webhook policies render --format helm-values` writes for the shipped rules."""
+    out = tmp_path_factory.mktemp("native") / f"{mode}-values.yaml"
+    done = subprocess.run([sys.executable, "-m", "webhook", "policies", "render", "--rules", str(REPO / "rules"),
+                           "--mode", mode, "--format", "helm-values"], capture_output=True, text=True, cwd=REPO,
+                          timeout=120, check=True)
+    out.write_text(done.stdout)
+    return out
+
+
+@pytest.fixture(scope="session")
+def mode_renders(chart: Helm, tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[Doc]]:
+    """helm template of each mode; native and hybrid with the rendered values file passed with -f."""
+    renders = {"webhook": chart.template({"mode": "webhook"})}
+    for mode in ("native", "hybrid"):
+        values = _render_values(tmp_path_factory, mode)
+        done = chart.run("template", RELEASE, str(CHART), "--namespace", NAMESPACE, "-f", str(values))
+        renders[mode] = [d for d in yaml.safe_load_all(done.stdout) if d]
+    return renders
+
+
+NATIVE_POLICIES = {(d["kind"], d["metadata"]["name"]) for d in native_cel.policies()}
+NATIVE = NATIVE_POLICIES | {("GPUClassMap", native.PARAMS_NAME)}
+
+
+@pytest.mark.parametrize("mode", ["native", "hybrid"])
+def test_lint_strict_in_each_mode(chart: Helm, tmp_path_factory: pytest.TempPathFactory, mode: str) -> None:
+    values = _render_values(tmp_path_factory, mode)
+    done = chart.run("lint", "--strict", "--namespace", NAMESPACE, str(CHART), "-f", str(values))
+    assert "0 chart(s) failed" in done.stdout, done.stdout
+
+
+def test_webhook_mode_renders_what_the_chart_rendered_before_modes(chart: Helm) -> None:
+    """mode=webhook is the default, and its output is byte-for-byte the default render."""
+    assert yaml.safe_load((CHART / "values.yaml").read_text())["mode"] == "webhook"
+    explicit = chart.run("template", RELEASE, str(CHART), "--namespace", NAMESPACE, values={"mode": "webhook"})
+    default = chart.run("template", RELEASE, str(CHART), "--namespace", NAMESPACE)
+    assert explicit.stdout == default.stdout
+    assert not {kind for kind, _ in kinds([d for d in yaml.safe_load_all(default.stdout) if d])} & {
+        kind for kind, _ in NATIVE}
+
+
+def test_native_mode_renders_only_the_policies_and_their_params(mode_renders: dict[str, list[Doc]]) -> None:
+    docs = mode_renders["native"]
+    assert kinds(docs) == NATIVE
+    assert len(docs) == len(NATIVE)
+    assert not {kind for kind, _ in kinds(docs)} & {"Deployment", "Service", "Secret", "Certificate", "Issuer",
+                                                    "PodDisruptionBudget", "ConfigMap", *WEBHOOK_KINDS}
+
+
+@pytest.mark.parametrize("mode", ["native", "hybrid"])
+def test_native_objects_are_the_compilers(mode_renders: dict[str, list[Doc]], mode: str) -> None:
+    """The chart's policies and bindings are the compiler's, and its params are those of the shipped rules."""
+    by_name = {(d["kind"], d["metadata"]["name"]): d for d in mode_renders[mode]}
+    for wanted in native.render(PACKAGED_RULES)[1:]:
+        found = by_name[(wanted["kind"], wanted["metadata"]["name"])]
+        if wanted["kind"] == native.PARAMS_KIND:
+            assert found["spec"] == wanted["spec"]
+            assert found["metadata"]["labels"]["app.kubernetes.io/instance"] == RELEASE
+        else:
+            assert found == wanted
+
+
+def test_hybrid_mode_adds_the_policies_and_narrows_only_the_mutating_webhook(
+        mode_renders: dict[str, list[Doc]]) -> None:
+    webhook, hybrid = mode_renders["webhook"], mode_renders["hybrid"]
+    assert kinds(hybrid) == kinds(webhook) | NATIVE
+    before = only(webhook, "MutatingWebhookConfiguration")["webhooks"][0]["matchConditions"]
+    after = only(hybrid, "MutatingWebhookConfiguration")["webhooks"][0]["matchConditions"]
+    assert after == before + native.hybrid_match_conditions(PACKAGED_RULES)
+    assert only(hybrid, "ValidatingWebhookConfiguration")["webhooks"] == only(
+        webhook, "ValidatingWebhookConfiguration")["webhooks"]
+
+
+@pytest.mark.parametrize("mode", ["native", "hybrid"])
+@pytest.mark.parametrize("version", ["1.36.0", "latest"])
+def test_mode_validates_strictly(mode_renders: dict[str, list[Doc]], kv: Any, mode: str, version: str) -> None:
+    """MutatingAdmissionPolicy is admissionregistration.k8s.io/v1 from Kubernetes 1.36: native modes need it."""
+    k8s_version = kv.latest_version() if version == "latest" else version
+    docs = [d for d in mode_renders[mode] if d["kind"] != native.PARAMS_KIND]
+    errors = strict_errors(kv, docs, k8s_version)
+    assert not errors, f"against Kubernetes {k8s_version}:\n" + "\n".join(errors)
+
+
+def test_params_object_matches_the_crd_in_crds(mode_renders: dict[str, list[Doc]]) -> None:
+    """The chart's crds/ holds the compiler's CRD, and the params the chart renders validate against it."""
+    jsonschema = pytest.importorskip("jsonschema")
+    (crd_file,) = (CHART / "crds").iterdir()
+    crd = yaml.safe_load(crd_file.read_text())
+    assert crd == native.crd()
+    params = only(mode_renders["native"], native.PARAMS_KIND)
+    jsonschema.validate(params, crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"])
+
+
+def test_native_mode_includes_the_crd_with_include_crds(chart: Helm, tmp_path_factory: pytest.TempPathFactory) -> None:
+    values = _render_values(tmp_path_factory, "native")
+    done = chart.run("template", RELEASE, str(CHART), "--namespace", NAMESPACE, "--include-crds", "-f", str(values))
+    docs = [d for d in yaml.safe_load_all(done.stdout) if d]
+    assert ("CustomResourceDefinition", f"{native.PARAMS_PLURAL}.{native.GROUP}") in kinds(docs)
+
+
+def test_params_given_as_text_with_set_file(chart: Helm, mode_renders: dict[str, list[Doc]], tmp_path: Path) -> None:
+    params = tmp_path / "params.yaml"
+    params.write_text(yaml.safe_dump(native.params_object(PACKAGED_RULES)))
+    done = chart.run("template", RELEASE, str(CHART), "--namespace", NAMESPACE, "--set", "mode=native",
+                     "--set-file", f"native.params={params}")
+    assert [d for d in yaml.safe_load_all(done.stdout) if d] == mode_renders["native"]
+
+
+RENDER_COMMAND = "gpu-webhook policies render --rules <your rule directory> --mode {mode} --format helm-values"
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        pytest.param({"mode": "native"}, RENDER_COMMAND.format(mode="native"), id="native-needs-params"),
+        pytest.param({"mode": "hybrid"}, RENDER_COMMAND.format(mode="hybrid"), id="hybrid-needs-params"),
+        pytest.param({"mode": "hybrid", "native": {"params": native.params_object(PACKAGED_RULES)}},
+                     "native.hybridMatchConditions: run " + RENDER_COMMAND.format(mode="hybrid"),
+                     id="hybrid-needs-conditions"),
+        pytest.param({"mode": "native", "native": {"params": {"mode": "native", "native": {}}}},
+                     "native.params must be the GPUClassMap object", id="params-not-a-gpuclassmap"),
+        pytest.param({"mode": "native", "native": {"params": "kind: [unclosed"}},
+                     "native.params must be the GPUClassMap object", id="params-not-yaml"),
+        pytest.param({"mode": "Native"}, "mode", id="unknown-mode"),
+    ],
+)
+def test_mode_values_are_refused_with_the_command_to_run(chart: Helm, values: Doc, message: str) -> None:
+    done = chart.run("template", RELEASE, str(CHART), "--namespace", NAMESPACE, values=values, check=False)
+    assert done.returncode != 0
+    assert message in done.stderr, done.stderr

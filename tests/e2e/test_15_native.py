@@ -252,13 +252,19 @@ spec:
 """
 
 
-def test_a_rule_edit_is_a_re_render_and_an_apply_of_the_params_only(native_cluster: tuple[Cluster, list],
-                                                                     tmp_path: Path) -> None:
-    cluster, _ = native_cluster
-    rules = tmp_path / "rules"
+def research_rules(directory: Path) -> Path:
+    """A rule directory: the shipped rules plus NAMESPACE_RULES (native-research: training on a100 only)."""
+    rules = directory / "rules"
     rules.mkdir()
     (rules / "00-platform.yaml").write_text((REPO / "rules" / "gpu-policy.yaml").read_text())
     (rules / "10-research.yaml").write_text(NAMESPACE_RULES)
+    return rules
+
+
+def test_a_rule_edit_is_a_re_render_and_an_apply_of_the_params_only(native_cluster: tuple[Cluster, list],
+                                                                     tmp_path: Path) -> None:
+    cluster, _ = native_cluster
+    rules = research_rules(tmp_path)
     cluster.ensure_namespace("native-research")
     # A t4 Deployment admitted under the old rules (0 replicas: only its template matters here).
     deployment = {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "old-t4"}, "spec": {

@@ -149,3 +149,33 @@ def test_the_engine_is_the_oracle() -> None:
     verdict = engine.evaluate(PACKAGED, pod, engine.Context("default"))
     p = _params()
     assert p["plans"][p["table"]["*#training=*/*#=*/*"]]["className"] == verdict.gpu_class
+
+
+@pytest.mark.parametrize("mode", ["native", "hybrid"])
+def test_render_cli_helm_values_carry_the_params_and_the_hybrid_conditions(
+        capsys: pytest.CaptureFixture[str], mode: str) -> None:
+    from webhook.cli.main import main
+
+    assert main(["policies", "render", "--rules", str(REPO / "rules"), "--mode", mode, "--format", "helm-values"]) == 0
+    values = yaml.safe_load(capsys.readouterr().out)
+    assert values["mode"] == mode
+    assert values["native"]["params"] == native.params_object(PACKAGED)
+    conditions = native.hybrid_match_conditions(PACKAGED) if mode == "hybrid" else []
+    assert values["native"]["hybridMatchConditions"] == conditions
+
+
+def test_render_cli_webhook_patch_is_the_hybrid_components_patch(capsys: pytest.CaptureFixture[str]) -> None:
+    from webhook.cli.main import main
+
+    assert main(["policies", "render", "--rules", str(REPO / "rules"), "--mode", "hybrid",
+                 "--format", "webhook-patch"]) == 0
+    operations = yaml.safe_load(capsys.readouterr().out)
+    component = yaml.safe_load((REPO / "manifests" / "components" / "hybrid" / "kustomization.yaml").read_text())
+    assert operations == yaml.safe_load(component["patches"][0]["patch"])
+
+
+def test_render_cli_webhook_patch_needs_hybrid_mode(capsys: pytest.CaptureFixture[str]) -> None:
+    from webhook.cli.main import main
+
+    assert main(["policies", "render", "--rules", str(REPO / "rules"), "--format", "webhook-patch"]) == 1
+    assert "add --mode hybrid" in capsys.readouterr().err

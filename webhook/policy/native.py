@@ -352,6 +352,14 @@ _PLAN = {"type": "object", "properties": {
     "findings": {"type": "array", "maxItems": 16, "items": _FINDING}}}
 
 
+def _applied_map(schema: Json) -> Json:
+    """A map of the params that `params()` always sets, defaulted to `{}`. Server-side apply (Helm 4's upgrade,
+    Flux, `kubectl apply --server-side`) of an empty map over one with keys removes the keys and leaves null,
+    which the type `object` refuses ("must be of type object: null"); the API server prunes that null and
+    applies the default instead."""
+    return {**schema, "default": {}}
+
+
 def crd() -> Json:
     """The CustomResourceDefinition of the params, with the bounds the CEL cost estimation relies on."""
     spec_schema = {"type": "object", "properties": {
@@ -361,10 +369,10 @@ def crd() -> Json:
             "name": _bounded_string(63), "label": _bounded_string(),
             "values": {"type": "array", "maxItems": 32, "items": _bounded_string(63)},
             "keys": {"type": "array", "maxItems": 64, "items": _bounded_string()}}}},
-        "aliases": _string_map(4096, 4096),
-        "namespaces": _string_map(1024, 70),
-        "table": _string_map(MAX_TABLE, 16),
-        "plans": {"type": "object", "maxProperties": 1024, "additionalProperties": _PLAN},
+        "aliases": _applied_map(_string_map(4096, 4096)),
+        "namespaces": _applied_map(_string_map(1024, 70)),
+        "table": _applied_map(_string_map(MAX_TABLE, 16)),
+        "plans": _applied_map({"type": "object", "maxProperties": 1024, "additionalProperties": _PLAN}),
         "resources": {"type": "array", "maxItems": 64, "items": {"type": "object", "properties": {
             "name": _bounded_string(), "regex": _bounded_string(1024),
             "maxPerContainer": {"type": "integer"}, "reason": _bounded_string(512),
@@ -372,12 +380,12 @@ def crd() -> Json:
         "validFor": {"type": "array", "maxItems": 16, "items": {"type": "object", "properties": {
             "regex": _bounded_string(1024), "values": {"type": "object", "maxProperties": 8, "additionalProperties": {
                 "type": "array", "maxItems": 32, "items": _bounded_string(63)}}}}},
-        "gpuExact": _string_map(256, 16),
+        "gpuExact": _applied_map(_string_map(256, 16)),
         "gpuGlobs": {"type": "array", "maxItems": 64, "items": {"type": "object", "properties": {
             "regex": _bounded_string(1024), "kind": _bounded_string(16)}}},
         "gpuRuntimeClasses": {"type": "array", "maxItems": 64, "items": _bounded_string()},
         "gpuTaintKeys": {"type": "array", "maxItems": 64, "items": _bounded_string()},
-        "enforcement": _string_map(64, 8),
+        "enforcement": _applied_map(_string_map(64, 8)),
     }}
     return {
         "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",

@@ -35,9 +35,28 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 app.kubernetes.io/component: webhook
 {{- end }}
 
-{{/* "true" when the server runs in the cluster (no webhook.url): Deployment, Service, PDB, ConfigMap, TLS. */}}
+{{/* "true" when the server runs in the cluster (no webhook.url, mode not native): Deployment, Service, PDB,
+ConfigMap, TLS. */}}
 {{- define "gpu-webhook.inCluster" -}}
-{{- if not .Values.webhook.url }}true{{ end }}
+{{- if and (not .Values.webhook.url) (ne .Values.mode "native") }}true{{ end }}
+{{- end }}
+
+{{/* The params object of native and hybrid mode (a GPUClassMap), from native.params: a map (helm -f of the
+`gpu-webhook policies render --format helm-values` file) or its YAML text (--set-file native.params=...). Fails,
+naming the command to run, when it is missing or is not a GPUClassMap. Returns it as YAML. */}}
+{{- define "gpu-webhook.nativeParams" -}}
+{{- $params := .Values.native.params }}
+{{- $render := printf "gpu-webhook policies render --rules <your rule directory> --mode %s --format helm-values > native-values.yaml, then pass -f native-values.yaml" .Values.mode }}
+{{- if not $params }}
+{{- fail (printf "mode=%s needs the params the rules compile to (the class table is computed by the rule engine, which a template cannot run): run %s" .Values.mode $render) }}
+{{- end }}
+{{- if kindIs "string" $params }}
+{{- $params = fromYaml $params }}
+{{- end }}
+{{- if or (hasKey $params "Error") (ne (get $params "kind" | toString) "GPUClassMap") (not (get $params "spec")) }}
+{{- fail (printf "native.params must be the GPUClassMap object that `gpu-webhook policies render` prints (kind GPUClassMap, with a spec); run %s" $render) }}
+{{- end }}
+{{- toYaml $params }}
 {{- end }}
 
 {{/* The Secret the server mounts at /etc/gpu-webhook/tls (tls.crt, tls.key, ca.crt). */}}
