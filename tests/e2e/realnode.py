@@ -441,6 +441,17 @@ path = "{self.bindir / 'nvidia-ctk'}"
         status = (self.node() or {}).get("status", {})
         return status.get("capacity", {}).get("nvidia.com/gpu"), status.get("allocatable", {}).get("nvidia.com/gpu")
 
+    def run_to_end(self, namespace: str, manifest: str, name: str, timeout: float = 90) -> Json:
+        """Apply a Pod manifest and wait for the Pod to finish (Succeeded or Failed); the Pod as stored."""
+        self.cluster.kubectl("apply", "-n", namespace, "-f", "-", input=manifest)
+
+        def finished() -> Json | None:
+            done = self.cluster.kubectl("get", "pod", name, "-n", namespace, "-o", "json", check=False)
+            pod = json.loads(done.stdout) if done.returncode == 0 else {}
+            return pod if pod.get("status", {}).get("phase") in ("Succeeded", "Failed") else None
+
+        return dict(wait_until(finished, timeout, f"{namespace}/{name} to finish"))
+
     # ------------------------------------------------------------------ the stand-in device plugin
 
     def start_device_plugin(self, uuids: tuple[str, ...] = GPU_UUIDS[:1], replicas: int = 1,

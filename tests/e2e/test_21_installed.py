@@ -20,7 +20,7 @@ from collections.abc import Iterator
 
 import pytest
 import yaml
-from cluster import WEBHOOK_NAMESPACE, Cluster, CreateLoop, gpu_pod, new_leaf, pod_json, wait_until
+from cluster import WEBHOOK_NAMESPACE, Cluster, CreateLoop, gpu_pod, new_leaf, wait_until
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 from installed import CHART, HOOK_KINDS, RELEASE, InstalledWebhook, container_status
@@ -105,11 +105,7 @@ def test_seed_pod_mutated_in_cluster_runs_on_the_real_node(cluster: Cluster, ins
     """The seed's cuda-gpu-test, mutated by the webhook Pods (through the Service), Succeeds on the real node."""
     real_node.start_device_plugin(uuids=GPU_UUIDS[:1])
     wait_until(lambda: real_node.gpus()[1] == "1", 60, "nvidia.com/gpu: 1")
-    cluster.kubectl("apply", "-n", namespace, "-f", "-", input=CUDA_GPU_TEST)
-    wait_until(lambda: pod_json(cluster, namespace, "cuda-gpu-test")["status"].get("phase") in ("Succeeded",
-                                                                                                "Failed"),
-               90, "cuda-gpu-test to finish")
-    stored = pod_json(cluster, namespace, "cuda-gpu-test")
+    stored = real_node.run_to_end(namespace, CUDA_GPU_TEST, "cuda-gpu-test")
     assert stored["status"]["phase"] == "Succeeded"
     assert stored["spec"]["runtimeClassName"] == "nvidia" and stored["spec"]["nodeName"] == NODE_NAME
     assert f"UUID: {GPU_UUIDS[0]}" in cluster.kubectl("logs", "cuda-gpu-test", "-n", namespace).stdout

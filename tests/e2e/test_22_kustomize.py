@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from cluster import REPO, WEBHOOK_NAMESPACE, Cluster, pod_json, wait_until
+from cluster import REPO, WEBHOOK_NAMESPACE, Cluster, wait_until
 from installed import HOOK_KINDS, RELEASE, InstalledWebhook, container_status, strip_server_fields
 from realnode import GPU_UUIDS, NODE_NAME, RealNode
 from test_01_placement import CUDA_GPU_TEST
@@ -91,11 +91,7 @@ def test_kustomize_install_runs_the_seed_pod(cluster: Cluster, kustomized: Insta
         assert all("service" in h["clientConfig"] and h["clientConfig"]["caBundle"] for h in stored["webhooks"])
     real_node.start_device_plugin(uuids=GPU_UUIDS[:1])
     wait_until(lambda: real_node.gpus()[1] == "1", 60, "nvidia.com/gpu: 1")
-    cluster.kubectl("apply", "-n", namespace, "-f", "-", input=CUDA_GPU_TEST)
-    wait_until(lambda: pod_json(cluster, namespace, "cuda-gpu-test")["status"].get("phase") in ("Succeeded",
-                                                                                                "Failed"),
-               90, "cuda-gpu-test to finish")
-    stored = pod_json(cluster, namespace, "cuda-gpu-test")
+    stored = real_node.run_to_end(namespace, CUDA_GPU_TEST, "cuda-gpu-test")
     assert stored["status"]["phase"] == "Succeeded"
     assert stored["spec"]["runtimeClassName"] == "nvidia"
     logs = "".join(cluster.kubectl("logs", p["metadata"]["name"], "-n", WEBHOOK_NAMESPACE).stdout for p in pods)
