@@ -78,6 +78,15 @@ def test_kustomization_is_accepted_by_the_api_server(cluster: Cluster, tree: Pat
     for obj in objects:
         if obj["kind"] in ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"):
             obj["metadata"]["name"] += "-dry-run"
+    # The product's own CRDs (native mode's GPUClassMap) are applied first, for real: their objects can only be
+    # checked once the CRD is served, as the docs say (apply twice on a fresh cluster).
+    crds = [o for o in objects if o["kind"] == "CustomResourceDefinition"]
+    if crds:
+        cluster.kubectl("apply", "--server-side", "-f", "-", input=yaml.safe_dump_all(crds))
+        for crd in crds:
+            plural = f"{crd['spec']['names']['plural']}.{crd['spec']['group']}"
+            wait_until(lambda p=plural: cluster.kubectl("get", p, "-A", check=False).returncode == 0, 30,
+                       f"CRD {plural} to be served")
     done = cluster.kubectl("apply", "--server-side", "--dry-run=server", "-f", "-",
                            input=yaml.safe_dump_all(objects), check=False)
     assert done.returncode == 0, done.stderr

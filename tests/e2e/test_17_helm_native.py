@@ -68,9 +68,16 @@ def _create(cluster: Cluster, pod: dict[str, Any], *flags: str) -> subprocess.Co
 
 
 def _wait_policies_active(cluster: Cluster) -> None:
+    """Until the API server runs both the mutating policy (a probe gets its runtimeClassName) and the validating
+    one (a probe with an unknown class is refused): each policy's binding reaches the admission plugin on its own
+    informer, so one being active says nothing of the other."""
     def active() -> bool:
         done = _create(cluster, gpu_pod("probe"), "--dry-run=server", "-o", "json")
-        return done.returncode == 0 and "runtimeClassName" in json.loads(done.stdout)["spec"]
+        if done.returncode != 0 or "runtimeClassName" not in json.loads(done.stdout)["spec"]:
+            return False
+        refused = _create(cluster, gpu_pod("probe", labels={"gpu-webhook.io/workload": "no-such-class"}),
+                          "--dry-run=server")
+        return refused.returncode != 0 and "gpu-webhook.io-deny" in refused.stderr
 
     wait_until(active, 60, "the API server to run the chart's admission policies", interval=0.5)
 
