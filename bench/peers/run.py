@@ -23,7 +23,7 @@ configurations, Kyverno by applying or deleting its ClusterPolicies (Kyverno own
 derives their rules from the policies). Every engine's processes run for the whole run.
 
 Three parts, each printed as markdown for docs/comparison.md:
-- outcomes: every document of tests/data/manifests and of /work/shared/fixtures/real-manifests (read from there,
+- outcomes: every document of tests/data/manifests and of ../shared/fixtures/real-manifests (read from there,
   never copied), and two Pods defined here whose own node selection meets the class map, through
   `kubectl create --dry-run=server` with each engine and with none: allowed or denied, and the final object's
   placement (nodeSelector, GPU tolerations, runtimeClassName);
