@@ -37,30 +37,20 @@ version="$(pinned_version build.sh "$module/go.mod" "$module_path")"
 cache_dirs "$engine-$version"
 require_go build.sh
 
-want_stamp="$( { go version; sha256sum "$module/go.mod" "$module/go.sum" "$here/build.sh" "$lib" | cut -d' ' -f1; } \
-    | sha256sum | cut -d' ' -f1)"
-if [[ "$force" == 0 && -x "$bin/$engine" && -f "$out/stamp" && "$(cat "$out/stamp")" == "$want_stamp" ]]; then
-    echo "build.sh: $engine $version is up to date in $bin" >&2
-    echo "$bin"
-    exit 0
-fi
+want_stamp="$(stamp_of "$module/go.mod" "$module/go.sum" "$here/build.sh" "$lib")"
+exit_if_up_to_date build.sh "$engine $version" "$want_stamp" "$engine"
 
-mkdir -p "$bin"
-rm -f "$out/stamp"
-export CGO_ENABLED=0 GOFLAGS="${GOFLAGS:-} -mod=readonly"
+begin_build
 # The version variables each project's Makefile sets for a release build.
 case "$engine" in
     kyverno) ldflags="-s -w -X github.com/kyverno/kyverno/pkg/version.BuildVersion=$version" ;;
     gatekeeper) ldflags="-s -w -X github.com/open-policy-agent/gatekeeper/v3/pkg/version.Version=$version" ;;
 esac
 
-# Built to a temporary name then moved, so an interrupted build never leaves a half-written binary behind.
-tmp="$(mktemp -d "$out/.build.XXXXXX")"
-trap 'rm -rf "$tmp"' EXIT
-start=$SECONDS
-echo "build.sh: building $engine $version ..." >&2
-(cd "$module" && nice -n 10 go build -trimpath -ldflags "$ldflags" -o "$tmp/$engine" "$package")
+step build.sh "$engine $version" \
+    bash -c 'cd "$1" && nice -n 10 go build -trimpath -ldflags "$2" -o "$3" "$4"' _ "$module" "$ldflags" "$tmp/$engine" \
+    "$package"
 mv -f "$tmp/$engine" "$bin/$engine"
 echo "$want_stamp" > "$out/stamp"
-echo "build.sh: $engine $version built in $bin in $((SECONDS - start)) s" >&2
+echo "build.sh: $engine $version built in $bin" >&2
 echo "$bin"

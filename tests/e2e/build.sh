@@ -19,57 +19,19 @@ cache_dirs "$k8s_version"
 require_go build.sh
 
 binaries=(kube-apiserver kube-scheduler kube-controller-manager kubectl etcd kwok)
-stamp_input() {
-    go version
-    for f in "$here"/controlplane/go.mod "$here"/controlplane/go.sum "$here"/etcd/go.mod "$here"/etcd/go.sum \
-        "$here"/kwok/go.mod "$here"/kwok/go.sum "$here"/build.sh "$here"/build_lib.sh; do
-        sha256sum "$f" | cut -d' ' -f1
-    done
-}
-want_stamp="$(stamp_input | sha256sum | cut -d' ' -f1)"
+want_stamp="$(stamp_of "$here"/controlplane/go.mod "$here"/controlplane/go.sum "$here"/etcd/go.mod "$here"/etcd/go.sum \
+    "$here"/kwok/go.mod "$here"/kwok/go.sum "$here"/build.sh "$here"/build_lib.sh)"
+[[ -d "$out/kwok-stages" ]] && exit_if_up_to_date build.sh "$k8s_version control plane" "$want_stamp" "${binaries[@]}"
 
-warm=1
-[[ "$force" == 1 ]] && warm=0
-[[ -f "$out/stamp" && "$(cat "$out/stamp")" == "$want_stamp" ]] || warm=0
-for b in "${binaries[@]}"; do [[ -x "$bin/$b" ]] || warm=0; done
-[[ -d "$out/kwok-stages" ]] || warm=0
-if [[ "$warm" == 1 ]]; then
-    echo "build.sh: $k8s_version control plane is up to date in $bin" >&2
-    echo "$bin"
-    exit 0
-fi
-
-mkdir -p "$bin"
-rm -f "$out/stamp"
-export CGO_ENABLED=0 GOFLAGS="${GOFLAGS:-} -mod=readonly"
-minor="${k8s_version#v1.}"
-minor="${minor%%.*}"
-# -s -w: no symbol table or DWARF, as upstream's release builds (hack/lib/golang.sh); linking takes less than half.
-ldflags="-s -w"
-for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
-    ldflags+=" -X '$pkg.gitVersion=$k8s_version' -X '$pkg.gitMajor=1' -X '$pkg.gitMinor=$minor'"
-    ldflags+=" -X '$pkg.gitTreeState=clean' -X '$pkg.buildDate=1970-01-01T00:00:00Z'"
-done
-
-step() {  # step NAME COMMAND...: runs a build step, timing it.
-    local name="$1" start
-    shift
-    start=$SECONDS
-    echo "build.sh: building $name ..." >&2
-    "$@"
-    echo "build.sh: $name built in $((SECONDS - start)) s" >&2
-}
-
-# Built to a temporary name then moved, so an interrupted build never leaves a half-written binary behind.
-tmp="$(mktemp -d "$out/.build.XXXXXX")"
-trap 'rm -rf "$tmp"' EXIT
-step "kube-apiserver, kube-scheduler, kube-controller-manager, kubectl $k8s_version" \
+begin_build
+ldflags="$(k8s_ldflags "$k8s_version")"
+step build.sh "kube-apiserver, kube-scheduler, kube-controller-manager, kubectl $k8s_version" \
     bash -c 'cd "$1/controlplane" && go build -trimpath -ldflags "$2" -o "$3/" \
         k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-scheduler \
         k8s.io/kubernetes/cmd/kube-controller-manager k8s.io/kubernetes/cmd/kubectl' _ "$here" "$ldflags" "$tmp"
-step etcd bash -c 'cd "$1/etcd" && go build -trimpath -ldflags "-s -w" -o "$2/etcd" go.etcd.io/etcd/server/v3' \
+step build.sh etcd bash -c 'cd "$1/etcd" && go build -trimpath -ldflags "-s -w" -o "$2/etcd" go.etcd.io/etcd/server/v3' \
     _ "$here" "$tmp"
-step kwok bash -c 'cd "$1/kwok" && go build -trimpath -ldflags "-s -w" -o "$2/kwok" sigs.k8s.io/kwok/cmd/kwok' \
+step build.sh kwok bash -c 'cd "$1/kwok" && go build -trimpath -ldflags "-s -w" -o "$2/kwok" sigs.k8s.io/kwok/cmd/kwok' \
     _ "$here" "$tmp"
 
 # kwok's stage files ship in its module source, not in the binary.

@@ -17,28 +17,17 @@ helm_version="$(pinned_version build_helm.sh "$module/go.mod" helm.sh/helm/v4)"
 cache_dirs "helm-$helm_version"
 
 require_go build_helm.sh
-want_stamp="$( { go version; sha256sum "$module/go.mod" "$module/go.sum" "$here/build_helm.sh" "$here/build_lib.sh" | cut -d' ' -f1; } \
-    | sha256sum | cut -d' ' -f1)"
-if [[ "$force" == 0 && -x "$bin/helm" && -f "$out/stamp" && "$(cat "$out/stamp")" == "$want_stamp" ]]; then
-    echo "build_helm.sh: helm $helm_version is up to date in $bin" >&2
-    echo "$bin"
-    exit 0
-fi
+want_stamp="$(stamp_of "$module/go.mod" "$module/go.sum" "$here/build_helm.sh" "$here/build_lib.sh")"
+exit_if_up_to_date build_helm.sh "helm $helm_version" "$want_stamp" helm
 
-mkdir -p "$bin"
-rm -f "$out/stamp"
-export CGO_ENABLED=0 GOFLAGS="${GOFLAGS:-} -mod=readonly"
+begin_build
 # What helm's own Makefile sets for a release build from a tag.
 pkg=helm.sh/helm/v4/internal/version
 ldflags="-s -w -X $pkg.version=$helm_version -X $pkg.metadata= -X $pkg.gitTreeState=clean"
 
-# Built to a temporary name then moved, so an interrupted build never leaves a half-written binary behind.
-tmp="$(mktemp -d "$out/.build.XXXXXX")"
-trap 'rm -rf "$tmp"' EXIT
-start=$SECONDS
-echo "build_helm.sh: building helm $helm_version ..." >&2
-(cd "$module" && go build -trimpath -ldflags "$ldflags" -o "$tmp/helm" helm.sh/helm/v4/cmd/helm)
+step build_helm.sh "helm $helm_version" \
+    bash -c 'cd "$1" && go build -trimpath -ldflags "$2" -o "$3/helm" helm.sh/helm/v4/cmd/helm' _ "$module" "$ldflags" "$tmp"
 mv -f "$tmp/helm" "$bin/helm"
 echo "$want_stamp" > "$out/stamp"
-echo "build_helm.sh: helm $helm_version built in $bin in $((SECONDS - start)) s" >&2
+echo "build_helm.sh: helm $helm_version built in $bin" >&2
 echo "$bin"

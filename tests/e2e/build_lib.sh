@@ -45,3 +45,52 @@ require_go() {
         exit 1
     fi
 }
+
+# stamp_of FILE...: the hash of `go version` and of the files, a build's inputs.
+stamp_of() {
+    { go version; sha256sum "$@" | cut -d' ' -f1; } | sha256sum | cut -d' ' -f1
+}
+
+# exit_if_up_to_date SCRIPT WHAT STAMP BINARY...: without --force, when the cache's stamp is STAMP and every
+# BINARY is in the bin folder, say that WHAT is up to date, print the bin folder and exit 0.
+exit_if_up_to_date() {
+    local script="$1" what="$2" stamp="$3" binary
+    shift 3
+    [[ "$force" == 0 && -f "$out/stamp" && "$(cat "$out/stamp")" == "$stamp" ]] || return 0
+    for binary in "$@"; do [[ -x "$bin/$binary" ]] || return 0; done
+    echo "$script: $what is up to date in $bin" >&2
+    echo "$bin"
+    exit 0
+}
+
+# begin_build: the bin folder made and its stamp removed, static Go builds from the pinned go.sum, and `tmp`, a
+# folder removed on exit: binaries are built there and then moved, so an interrupted build never leaves a
+# half-written binary behind.
+begin_build() {
+    mkdir -p "$bin"
+    rm -f "$out/stamp"
+    export CGO_ENABLED=0 GOFLAGS="${GOFLAGS:-} -mod=readonly"
+    tmp="$(mktemp -d "$out/.build.XXXXXX")"
+    trap 'rm -rf "$tmp"' EXIT
+}
+
+# k8s_ldflags VERSION: -s -w (no symbol table or DWARF, as upstream's release builds; linking takes less than
+# half) and the version variables hack/lib/version.sh sets.
+k8s_ldflags() {
+    local minor="${1#v1.}" pkg flags="-s -w"
+    minor="${minor%%.*}"
+    for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+        flags+=" -X '$pkg.gitVersion=$1' -X '$pkg.gitMajor=1' -X '$pkg.gitMinor=$minor'"
+        flags+=" -X '$pkg.gitTreeState=clean' -X '$pkg.buildDate=1970-01-01T00:00:00Z'"
+    done
+    echo "$flags"
+}
+
+# step SCRIPT NAME COMMAND...: runs one build step, saying what it builds and how long it took.
+step() {
+    local script="$1" name="$2" start=$SECONDS
+    shift 2
+    echo "$script: building $name ..." >&2
+    "$@"
+    echo "$script: $name built in $((SECONDS - start)) s" >&2
+}

@@ -21,28 +21,17 @@ vm_version="$(pinned_version build_metrics.sh "$module/go.mod" github.com/Victor
 cache_dirs "victoria-metrics-$vm_version"
 
 require_go build_metrics.sh
-want_stamp="$( { go version; sha256sum "$module/go.mod" "$module/go.sum" "$here/build_metrics.sh" "$here/build_lib.sh" \
-    | cut -d' ' -f1; } | sha256sum | cut -d' ' -f1)"
-if [[ "$force" == 0 && -x "$bin/victoria-metrics" && -f "$out/stamp" && "$(cat "$out/stamp")" == "$want_stamp" ]]; then
-    echo "build_metrics.sh: victoria-metrics $vm_version is up to date in $bin" >&2
-    echo "$bin"
-    exit 0
-fi
+want_stamp="$(stamp_of "$module/go.mod" "$module/go.sum" "$here/build_metrics.sh" "$here/build_lib.sh")"
+exit_if_up_to_date build_metrics.sh "victoria-metrics $vm_version" "$want_stamp" victoria-metrics
 
-mkdir -p "$bin"
-rm -f "$out/stamp"
-export CGO_ENABLED=0 GOFLAGS="${GOFLAGS:-} -mod=readonly"
+begin_build
 # What VictoriaMetrics' own Makefile stamps into a release build.
 ldflags="-s -w -X github.com/VictoriaMetrics/VictoriaMetrics/lib/buildinfo.Version=victoria-metrics-$vm_version"
 
-# Built to a temporary name then moved, so an interrupted build never leaves a half-written binary behind.
-tmp="$(mktemp -d "$out/.build.XXXXXX")"
-trap 'rm -rf "$tmp"' EXIT
-start=$SECONDS
-echo "build_metrics.sh: building victoria-metrics $vm_version ..." >&2
-(cd "$module" && go build -trimpath -ldflags "$ldflags" -o "$tmp/victoria-metrics" \
-    github.com/VictoriaMetrics/VictoriaMetrics/app/victoria-metrics)
+step build_metrics.sh "victoria-metrics $vm_version" \
+    bash -c 'cd "$1" && go build -trimpath -ldflags "$2" -o "$3/victoria-metrics" \
+        github.com/VictoriaMetrics/VictoriaMetrics/app/victoria-metrics' _ "$module" "$ldflags" "$tmp"
 mv -f "$tmp/victoria-metrics" "$bin/victoria-metrics"
 echo "$want_stamp" > "$out/stamp"
-echo "build_metrics.sh: victoria-metrics $vm_version built in $bin in $((SECONDS - start)) s" >&2
+echo "build_metrics.sh: victoria-metrics $vm_version built in $bin" >&2
 echo "$bin"

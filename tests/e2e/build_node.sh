@@ -43,57 +43,25 @@ fi
 
 require_go build_node.sh
 binaries=(kubelet pause gpu-device-plugin-standin nvidia-container-runtime nvidia-cdi-hook nvidia-ctk busybox)
-want_stamp="$( {
-    go version
-    sha256sum "$here"/node/go.mod "$here"/node/go.sum "$here"/nvidia/go.mod "$here"/nvidia/go.sum \
-        "$here"/build_node.sh "$here"/build_lib.sh | cut -d' ' -f1
-    find "$here/node/cmd" -name '*.go' -print0 | sort -z | xargs -0 sha256sum | cut -d' ' -f1
-} | sha256sum | cut -d' ' -f1)"
-warm=1
-[[ "$force" == 1 ]] && warm=0
-[[ -f "$out/stamp" && "$(cat "$out/stamp")" == "$want_stamp" ]] || warm=0
-for b in "${binaries[@]}"; do [[ -x "$bin/$b" ]] || warm=0; done
-if [[ "$warm" == 1 ]]; then
-    echo "build_node.sh: the $k8s_version node is up to date in $bin" >&2
-    echo "$bin"
-    exit 0
-fi
+want_stamp="$(stamp_of "$here"/node/go.mod "$here"/node/go.sum "$here"/nvidia/go.mod "$here"/nvidia/go.sum \
+    "$here"/build_node.sh "$here"/build_lib.sh $(find "$here/node/cmd" -name '*.go' | sort))"
+exit_if_up_to_date build_node.sh "the $k8s_version node" "$want_stamp" "${binaries[@]}"
 
-mkdir -p "$bin"
-rm -f "$out/stamp"
-export CGO_ENABLED=0 GOFLAGS="${GOFLAGS:-} -mod=readonly"
-minor="${k8s_version#v1.}"
-minor="${minor%%.*}"
-ldflags="-s -w"
-for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
-    ldflags+=" -X '$pkg.gitVersion=$k8s_version' -X '$pkg.gitMajor=1' -X '$pkg.gitMinor=$minor'"
-    ldflags+=" -X '$pkg.gitTreeState=clean' -X '$pkg.buildDate=1970-01-01T00:00:00Z'"
-done
+begin_build
+ldflags="$(k8s_ldflags "$k8s_version")"
 nvidia_version="$(pinned_version build_node.sh "$here/nvidia/go.mod" github.com/NVIDIA/nvidia-container-toolkit)"
 nvidia_ldflags="-s -w -X github.com/NVIDIA/nvidia-container-toolkit/internal/info.version=${nvidia_version#v}"
 
-step() {  # step NAME COMMAND...: runs a build step, timing it.
-    local name="$1" start
-    shift
-    start=$SECONDS
-    echo "build_node.sh: building $name ..." >&2
-    "$@"
-    echo "build_node.sh: $name built in $((SECONDS - start)) s" >&2
-}
-
-# Built to a temporary name then moved, so an interrupted build never leaves a half-written binary behind.
-tmp="$(mktemp -d "$out/.build.XXXXXX")"
-trap 'rm -rf "$tmp"' EXIT
-step "kubelet $k8s_version, pause, gpu-device-plugin-standin" \
+step build_node.sh "kubelet $k8s_version, pause, gpu-device-plugin-standin" \
     bash -c 'cd "$1/node" && go build -trimpath -ldflags "$2" -o "$3/" k8s.io/kubernetes/cmd/kubelet \
         ./cmd/pause ./cmd/gpu-device-plugin-standin' _ "$here" "$ldflags" "$tmp"
-step "nvidia-container-runtime, nvidia-cdi-hook, nvidia-ctk $nvidia_version" \
+step build_node.sh "nvidia-container-runtime, nvidia-cdi-hook, nvidia-ctk $nvidia_version" \
     bash -c 'cd "$1/nvidia" && CGO_ENABLED=1 go build -trimpath -ldflags "$2" -o "$3/" \
         github.com/NVIDIA/nvidia-container-toolkit/cmd/nvidia-container-runtime \
         github.com/NVIDIA/nvidia-container-toolkit/cmd/nvidia-cdi-hook \
         github.com/NVIDIA/nvidia-container-toolkit/cmd/nvidia-ctk' _ "$here" "$nvidia_ldflags" "$tmp"
 
-step "busybox (Debian busybox-static)" bash -c 'cd "$1" && apt-get download -qq busybox-static >&2 && \
+step build_node.sh "busybox (Debian busybox-static)" bash -c 'cd "$1" && apt-get download -qq busybox-static >&2 && \
     dpkg-deb -x busybox-static_*.deb deb && mv deb/bin/busybox busybox' _ "$tmp"
 
 for b in "${binaries[@]}"; do mv -f "$tmp/$b" "$bin/$b"; done

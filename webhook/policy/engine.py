@@ -231,12 +231,10 @@ def _check_inventory(policy: Policy, ref: PodSpecRef, chosen: ChosenClass, edits
     if spared is not chosen:
         chosen, edits = spared, _class_edits(policy, ref, spared)
     judged = edits if mode == "mutate" else [e for e in edits if not _is_runtime_edit(ref, e)]
-    where = inventory.placement(ref.spec, ref.spec_path, judged)
-    result = inventory.assess(snapshot, where, requests, chosen.name)
+    result = inventory.assess(snapshot, inventory.placement(ref.spec, ref.spec_path, judged), requests, chosen.name)
     for rule, message in result.findings:
         out.add(rule, message)
-    runtime = snapshot.runtime_classes.get(where.runtime_class or "") if result.keep_runtime_class else None
-    _check_shared_gpus(policy, snapshot, inventory.with_runtime_class(where, runtime), requests, per_resource, out)
+    _check_shared_gpus(policy, snapshot, result.final, requests, per_resource, out)
     return chosen, edits, result.keep_runtime_class
 
 
@@ -497,7 +495,7 @@ def _choose_class(policy: Policy, ref: PodSpecRef, namespace: str, ctx: Context,
                                f"({', '.join(sorted(admits))})")
             continue
         kept = selection.keep_terms(axis, pick.value, terms)
-        if _strands(policy, terms, kept):
+        if terms is not NO_SELECTION and _strands(policy, terms, kept):  # a plain Pod has no terms to lose
             _skip(axis, out, skipped, f"{axis.name} default {pick.value} would drop every term of the Pod's node "
                   f"selection that the rules cover, so {axis.name} is left as the Pod chose it; to use a class, "
                   f"set the label {axis.label}")

@@ -514,8 +514,10 @@ def describe_products(nodes: Sequence[Node]) -> str:
 
 @dataclass(frozen=True)
 class Assessment:
-    """The inventory's findings for one pod spec, and whether the runtimeClassName edit may stay."""
+    """The inventory's findings for one pod spec, whether the runtimeClassName edit may stay, and the placement
+    the scheduler will see (the RuntimeClass's scheduling merged in when it stays)."""
 
+    final: Placement
     findings: tuple[Finding, ...] = ()
     keep_runtime_class: bool = True
 
@@ -533,7 +535,7 @@ def assess(snapshot: Snapshot, where: Placement, requests: Mapping[str, int], cl
     for resource, count in sorted(requests.items()):
         if count > 0:
             findings.extend(capacity_findings(snapshot, final, resource, count, class_name))
-    return Assessment(tuple(findings), keep)
+    return Assessment(final, tuple(findings), keep)
 
 
 def runtime_class_problem(snapshot: Snapshot, where: Placement, class_name: str) -> str | None:
