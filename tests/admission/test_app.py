@@ -446,9 +446,10 @@ def test_startup_with_invalid_rules_fails_fast(tmp_path: Path) -> None:
                      id="paths"),
         pytest.param({"GPU_WEBHOOK_PORT": "9443", "GPU_WEBHOOK_METRICS_PORT": "9100", "GPU_WEBHOOK_WORKERS": "3",
                       "GPU_WEBHOOK_THREADS": "8", "GPU_WEBHOOK_MAX_BODY_BYTES": "65536",
-                      "GPU_WEBHOOK_LOG_LEVEL": "debug", "GPU_WEBHOOK_RULES_POLL_SECONDS": "0.5"},
+                      "GPU_WEBHOOK_LOG_LEVEL": "debug", "GPU_WEBHOOK_RULES_POLL_SECONDS": "0.5",
+                      "GPU_WEBHOOK_SHUTDOWN_DELAY_SECONDS": "0"},
                      Settings(port=9443, metrics_port=9100, workers=3, threads=8, max_body_bytes=65536,
-                              log_level="DEBUG", rules_poll_seconds=0.5), id="numbers"),
+                              log_level="DEBUG", rules_poll_seconds=0.5, shutdown_delay_seconds=0), id="numbers"),
         pytest.param({"GPU_WEBHOOK_RULES": "  ", "GPU_WEBHOOK_PORT": ""}, Settings(), id="blank-is-unset"),
     ],
 )
@@ -463,6 +464,8 @@ def test_settings_from_env(environ: dict[str, str], expected: Settings) -> None:
         pytest.param({"GPU_WEBHOOK_WORKERS": "0"}, "GPU_WEBHOOK_WORKERS='0': must be at least 1", id="workers"),
         pytest.param({"GPU_WEBHOOK_LOG_LEVEL": "loud"}, "GPU_WEBHOOK_LOG_LEVEL='loud'", id="log-level"),
         pytest.param({"GPU_WEBHOOK_RULES_POLL_SECONDS": "-1"}, "must not be negative", id="poll"),
+        pytest.param({"GPU_WEBHOOK_SHUTDOWN_DELAY_SECONDS": "soon"},
+                     "GPU_WEBHOOK_SHUTDOWN_DELAY_SECONDS='soon': expected a number of seconds", id="shutdown-delay"),
     ],
 )
 def test_settings_errors_name_the_variable(environ: dict[str, str], fragment: str) -> None:

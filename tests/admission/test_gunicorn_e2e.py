@@ -326,6 +326,69 @@ def test_sigterm_drains_in_flight_reviews(tmp_path: Path) -> None:
         server.stop()
 
 
+def exchange(conn: http.client.HTTPSConnection, method: str, path: str,
+             document: dict[str, object] | None = None) -> tuple[int, str, dict[str, object]]:
+    """One request: (status, the Connection header, the JSON answer)."""
+    conn.request(method, path, body=body(document) if document else None,
+                 headers={"Content-Type": "application/json"})
+    response = conn.getresponse()
+    return response.status, response.getheader("Connection", ""), json.loads(response.read())
+
+
+def test_sigterm_first_moves_kept_alive_clients_away(tmp_path: Path) -> None:
+    """The shutdown delay (shutdown.py): after SIGTERM every answer, on a kept-alive connection or a new one, is
+    served and says `Connection: close`; /readyz is 503; the server stops only after the delay."""
+    delay = 3.0
+    pki = Pki()
+    kubelet_write(tmp_path / "tls", pki.secret())
+    trust = client_context(pki.ca)
+    server = start_server(tmp_path, "--tls-dir", str(tmp_path / "tls"), trust=trust, shutdown_delay=delay)
+    kept = [server.connection(trust) for _ in range(6)]
+    try:
+        for conn in kept:
+            status, connection, _ = exchange(conn, "POST", "/mutate", with_uid(GPU_REVIEW))
+            assert (status, connection) == (200, "keep-alive")
+        signalled = time.monotonic()
+        server.proc.send_signal(signal.SIGTERM)
+        time.sleep(0.5)
+        for conn in kept:  # the next review on each kept-alive connection: answered, then the connection closes
+            document = with_uid(GPU_REVIEW)
+            status, connection, answer = exchange(conn, "POST", "/validate", document)
+            assert (status, connection) == (200, "close")
+            assert answer["response"]["uid"] == document["request"]["uid"]  # type: ignore[index]
+        fresh = server.connection(trust)  # a client that still dials this server is served, and told to go
+        status, connection, answer = exchange(fresh, "POST", "/mutate", with_uid(GPU_REVIEW))
+        assert (status, connection) == (200, "close") and answer["response"]["allowed"]  # type: ignore[index]
+        status, _, ready = exchange(server.connection(trust), "GET", "/readyz")
+        assert status == 503 and ready["checks"]["shutdown"] == {"draining": True}  # type: ignore[index]
+        assert server.proc.poll() is None
+        assert server.proc.wait(delay + 25) == 0
+        # The master stops at its first tick (at most a second apart) after the delay.
+        assert time.monotonic() - signalled >= delay - 0.1
+        assert "answering with Connection: close for 3.0 s" in server.log()
+    finally:
+        for conn in kept:
+            conn.close()
+        server.stop()
+
+
+def test_a_second_sigterm_stops_without_waiting_out_the_delay(tmp_path: Path) -> None:
+    pki = Pki()
+    kubelet_write(tmp_path / "tls", pki.secret())
+    server = start_server(tmp_path, "--tls-dir", str(tmp_path / "tls"), trust=client_context(pki.ca),
+                          shutdown_delay=60)
+    try:
+        signalled = time.monotonic()
+        server.proc.send_signal(signal.SIGTERM)
+        time.sleep(1.0)
+        assert server.proc.poll() is None
+        server.proc.send_signal(signal.SIGTERM)
+        assert server.proc.wait(25) == 0
+        assert time.monotonic() - signalled < 30
+    finally:
+        server.stop()
+
+
 def worker_pids(server: Server) -> set[int]:
     pid = server.proc.pid
     return {int(child) for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()}

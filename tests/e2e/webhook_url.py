@@ -50,6 +50,7 @@ class UrlWebhook(ControlPlane):
             "--host", LOOPBACK, "--port", str(self.webhook_port),
             "--metrics-host", LOOPBACK, "--metrics-port", str(self.webhook_metrics_port),
             "--tls-dir", str(self.webhook_tls), "--rules", str(self.webhook_rules), "--rules-poll-seconds", "0.5",
+            "--shutdown-delay-seconds", "0",  # stopped to show the failure policies: at once, as a crash would
         ], self.logdir, env=env, cwd=self.workdir)
         context = ssl.create_default_context(cafile=str(self.webhook_tls / "ca.crt"))
         self._wait_http("gpu-webhook", f"{self.webhook_url}/readyz", context, timeout=60)

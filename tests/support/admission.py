@@ -208,8 +208,12 @@ class Server:
 
 
 def start_server(tmp: Path, *args: str, trust: ssl.SSLContext | None = None, cwd: Path | None = None,
-                 workers: int = 2, threads: int = 4, startup_timeout: float = 30, pipe: bool = False) -> Server:
+                 workers: int = 2, threads: int = 4, startup_timeout: float = 30, pipe: bool = False,
+                 shutdown_delay: float = 0) -> Server:
     """Start `serve` on free loopback ports and wait until /healthz answers (over TLS when `trust` given).
+
+    `shutdown_delay` is 0 (gunicorn's plain SIGTERM) unless a test is about the delay: the default 5 s would
+    only slow every stop.
 
     Its stdout and stderr go to a log file; with `pipe`, through a pipe first, as in a container.
     """
@@ -219,7 +223,8 @@ def start_server(tmp: Path, *args: str, trust: ssl.SSLContext | None = None, cwd
     env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
     command = [sys.executable, "-m", "webhook.cli.server", "serve", "--host", "127.0.0.1", "--port", str(port),
                "--metrics-host", "127.0.0.1", "--metrics-port", str(metrics_port),
-               "--workers", str(workers), "--threads", str(threads), *args]
+               "--workers", str(workers), "--threads", str(threads), "--shutdown-delay-seconds", str(shutdown_delay),
+               *args]
     copier = None
     if pipe:
         proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=cwd or tmp, env=env)

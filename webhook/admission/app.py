@@ -20,7 +20,7 @@ from flask import Flask, Response, request
 from prometheus_client import CollectorRegistry
 from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
 
-from webhook.admission import logs
+from webhook.admission import logs, shutdown
 from webhook.admission.metrics import FLUSH_SECONDS, Metrics, multiprocess_enabled
 from webhook.admission.policy_store import PolicyStore
 from webhook.admission.review import AdmissionRequest, Decision, ReviewError, build_response, error_status, parse_review
@@ -116,10 +116,14 @@ class AdmissionServer:
             })
 
     def readiness(self) -> tuple[bool, dict[str, Any]]:
-        """Ready when rules are loaded and, if TLS is configured, a certificate/key pair is usable."""
+        """Ready when rules are loaded, a certificate/key pair is usable if TLS is configured, and no SIGTERM has
+        come (during the shutdown delay /readyz is 503 with `checks.shutdown`, while reviews are still served)."""
         checks: dict[str, Any] = {"rules": {"digest": self.store.policy.digest,
                                             "last_error": self.store.last_error}}
         ready = True
+        if shutdown.draining():
+            ready = False  # SIGTERM received: serving on only until clients have moved (shutdown.py)
+            checks["shutdown"] = {"draining": True}
         if self.inventory is not None:
             # Reported, never a reason to be unready: without the inventory its checks are skipped, the rest works.
             # Not synced, it says why (e.g. the API server's 403 when the ServiceAccount lacks a permission).
@@ -129,8 +133,8 @@ class AdmissionServer:
                 checks["inventory"]["reason"] = snapshot.reason
         if self.tls is not None:
             loaded = self.tls.refresh()
-            ready = loaded is not None
-            checks["tls"] = {"ok": ready, "dir": str(self.tls.tls_dir),
+            ready = ready and loaded is not None
+            checks["tls"] = {"ok": loaded is not None, "dir": str(self.tls.tls_dir),
                              "not_after": loaded.not_after.isoformat() if loaded else None}
         return ready, checks
 

@@ -8,7 +8,9 @@
   cached context, rebuilt only when the `..data` target or a file changes, from a pair read from one target.
   The default factory (which re-reads certfile and keyfile separately, racing a rotation) is never used;
   `certfile`/`keyfile` are set only because gunicorn decides "TLS or not" from them.
-* SIGTERM: the master stops the workers gracefully; in-flight reviews complete within `graceful_timeout`.
+* SIGTERM: for `shutdown_delay_seconds` every answer says `Connection: close` and new connections are still
+  served, so the API server moves its kept-alive connections to other endpoints (shutdown.py); then the
+  master stops the workers gracefully; in-flight reviews complete within `graceful_timeout`.
 * Errors gunicorn answers itself (a malformed request line or header, a header section too large) get a
   JSON metav1.Status like every other error of this server, not gunicorn's HTML page: `JsonErrorWorker`.
 * Prometheus multiprocess mode: workers write samples to a private directory (review counts once a second,
@@ -21,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import shutil
 import socket
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -32,7 +35,7 @@ from gunicorn import util as gunicorn_util
 from gunicorn.app.base import BaseApplication
 from gunicorn.workers.gthread import ThreadWorker
 
-from webhook.admission import logs, metrics
+from webhook.admission import logs, metrics, shutdown
 from webhook.admission.review import error_status
 from webhook.admission.settings import Settings
 from webhook.admission.tls import CERT_FILE, KEY_FILE, SHM_DIR, ServingTls
@@ -142,6 +145,8 @@ class JsonErrorWorker(ThreadWorker):  # type: ignore[misc]
 
     def handle_request(self, req: Any, conn: Any) -> Any:
         self._set_deadline(conn, self.REQUEST_SECONDS)  # the head is in: time for the body and the answer
+        if shutdown.draining():
+            req.must_close = True  # answered with `Connection: close`: the client dials another endpoint next
         return super().handle_request(req, conn)
 
     def _set_deadline(self, conn: Any, seconds: float) -> None:
@@ -183,7 +188,16 @@ class WebhookServer(BaseApplication):  # type: ignore[misc]
                  metrics_dir: Path) -> None:
         self._options = options(settings, tls, metrics_dir)
         self._app_factory = app_factory
+        self._shutdown_delay = settings.shutdown_delay_seconds
         super().__init__()
+
+    def run(self) -> None:
+        """gunicorn's `BaseApplication.run`, with the master that delays its stop (shutdown.py)."""
+        try:
+            shutdown.DelayingArbiter(self, shutdown.install(), self._shutdown_delay).run()
+        except RuntimeError as exc:
+            print(f"\nError: {exc}\n", file=sys.stderr)
+            sys.exit(1)
 
     def load_config(self) -> None:
         for key, value in self._options.items():

@@ -24,7 +24,7 @@ class SettingsError(ValueError):
 
 # The smallest usable value of each numeric setting, checked however the value arrived (environment or option).
 MINIMUMS: dict[str, int] = {"port": 0, "metrics_port": 0, "workers": 1, "threads": 1, "max_body_bytes": 1024,
-                            "rules_poll_seconds": 0}
+                            "rules_poll_seconds": 0, "shutdown_delay_seconds": 0}
 
 
 @dataclass(frozen=True)
@@ -44,6 +44,8 @@ class Settings:
     log_level: LogLevel = "INFO"
     keepalive_seconds: int = 120  # longer than the API server's 90 s idle-connection timeout
     graceful_timeout_seconds: int = 20
+    # After SIGTERM: serve on, every answer saying `Connection: close`, before the graceful stop (shutdown.py).
+    shutdown_delay_seconds: float = 5.0
     rules_poll_seconds: float = 2.0  # 0: no hot reload
     cluster: bool = False  # watch nodes, namespaces, runtime classes for the inventory checks
 
@@ -115,6 +117,7 @@ class Settings:
             max_body_bytes=integer("MAX_BODY_BYTES", defaults.max_body_bytes, MINIMUMS["max_body_bytes"]),
             log_level=log_level(text("LOG_LEVEL") or defaults.log_level),
             rules_poll_seconds=number("RULES_POLL_SECONDS", defaults.rules_poll_seconds),
+            shutdown_delay_seconds=number("SHUTDOWN_DELAY_SECONDS", defaults.shutdown_delay_seconds),
             cluster=boolean("CLUSTER", defaults.cluster),
         )
 

@@ -1,6 +1,6 @@
 """The `serve` and `certs` subcommands (`register(subparsers)`), and the certificate directory writer.
 
-`gpu-webhook serve` becomes the gunicorn master (PID 1 friendly: SIGTERM drains gracefully). With no
+`gpu-webhook serve` becomes the gunicorn master (PID 1 friendly: SIGTERM moves clients away, then drains). With no
 arguments it serves the packaged rules with a development CA and certificate under ./certs/.
 `gpu-webhook certs` issues a CA (kept and reused) and a serving certificate in cert-manager's layout.
 Both write certificate directories the way the kubelet projects a Secret: files in a fresh hidden
@@ -54,6 +54,9 @@ def register(subparsers: Any) -> None:
     serve.add_argument("--max-body-bytes", type=int, help="larger request bodies get HTTP 413")
     serve.add_argument("--log-level", help="DEBUG, INFO, WARNING or ERROR")
     serve.add_argument("--rules-poll-seconds", type=float, help="how often to look for rule changes (default 2)")
+    serve.add_argument("--shutdown-delay-seconds", type=float,
+                       help="after SIGTERM, serve on this long, closing each connection after its answer so "
+                       "clients move to other endpoints, then stop gracefully (default 5; 0: stop at once)")
     serve.add_argument("--cluster", action="store_true", default=None,
                        help="watch nodes, namespaces and runtime classes for the inventory checks "
                             "(needs the cluster-awareness RBAC component; default: $GPU_WEBHOOK_CLUSTER, else off)")
@@ -187,6 +190,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
         "rules_dir": args.rules, "tls_dir": args.tls_dir, "client_ca": args.client_ca, "host": args.host,
         "port": args.port, "metrics_host": args.metrics_host, "metrics_port": args.metrics_port,
         "rules_poll_seconds": args.rules_poll_seconds, "workers": args.workers,
+        "shutdown_delay_seconds": getattr(args, "shutdown_delay_seconds", None),
         "threads": args.threads, "max_body_bytes": args.max_body_bytes,
         "log_level": log_level(args.log_level) if args.log_level else None,
         "cluster": getattr(args, "cluster", None),
