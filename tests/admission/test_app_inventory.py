@@ -81,7 +81,30 @@ def test_unreachable_api_skips_inventory_checks_and_says_so(replay: ReplayServer
         assert result["allowed"] is True  # everything else works as without a cluster
         assert result["patchType"] == "JSONPatch"
         assert any("[gpu-inventory-unavailable]" in w for w in result.get("warnings", []))
-        assert app.test_client().get("/readyz").status_code == 200  # never unready for the inventory
+        assert app.test_client().get("/readyz").status_code == 200  # unreachable is not refused: stays ready
+    finally:
+        inventory.stop()
+
+
+def test_a_list_refused_at_start_makes_the_replica_unready(replay: ReplayServer, tmp_path: Path) -> None:
+    """The ServiceAccount lacks a permission: /readyz is 503 and names the refused list and the fix (a rollout
+    stalls while the old replicas serve); reviews are still answered, the inventory checks skipped with a warning."""
+    serve_cluster(replay)
+    message = 'runtimeclasses.node.k8s.io is forbidden: User "system:serviceaccount:gpu-system:gpu-webhook" cannot list'
+    replay.route("/apis/node.k8s.io/v1/runtimeclasses", list=[Json(status(403, "Forbidden", message), code=403)])
+    app, inventory = app_over(replay, tmp_path)
+    try:
+        client = app.test_client()
+        replay.wait_until(lambda: client.get("/readyz").status_code == 503, what="the refusal in /readyz")
+        response = client.get("/readyz")
+        reason = response.get_json()["checks"]["inventory"]["reason"]
+        assert response.status_code == 503
+        assert reason.startswith("the API server refused the initial list of runtimeclasses: API server answered "
+                                 "403: runtimeclasses.node.k8s.io is forbidden")
+        assert "lacks read access" in reason  # the fix: docs/cluster.md, RBAC
+        result = answer(app, "/mutate", gpu_pod_review("2", {"gpu-webhook.io/workload": "training"}))
+        assert result["allowed"] is True
+        assert any("[gpu-inventory-unavailable]" in w for w in result.get("warnings", []))
     finally:
         inventory.stop()
 

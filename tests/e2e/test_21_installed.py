@@ -274,7 +274,8 @@ def _readyz(pod: dict[str, object]) -> dict[str, object]:
 def test_cluster_awareness_in_cluster_with_the_charts_rbac(cluster: Cluster, installed: InstalledWebhook,
                                                            real_node: RealNode) -> None:
     """clusterAwareness on: the Pods' ServiceAccount and the chart's RBAC are enough for the inventory's list/watch
-    (synced); with a permission taken away, /readyz says which list the API server refused, and why."""
+    (synced); with a permission taken away, a new Pod is unready (not crash-looping) and its /readyz says which list
+    the API server refused and why, while the old replicas serve; with the permission back, the rollout ends."""
     host, port = real_node.forward_api_server()
     values = installed.home / "awareness.yaml"
     values.write_text(yaml.safe_dump({"clusterAwareness": {"enabled": True}}))
@@ -292,18 +293,35 @@ def test_cluster_awareness_in_cluster_with_the_charts_rbac(cluster: Cluster, ins
     narrowed = [r for r in saved["rules"] if "runtimeclasses" not in r.get("resources", [])]
     cluster.kubectl("patch", "clusterrole", role, "--type=json", "-p",
                     json.dumps([{"op": "replace", "path": "/rules", "value": narrowed}]))
+    before = {p["metadata"]["name"] for p in installed.pods()}
     try:
         cluster.kubectl("rollout", "restart", f"deployment/{RELEASE}", "-n", WEBHOOK_NAMESPACE)
-        wait_until(lambda: _rollout_done(cluster), 240, "the restart to roll out", interval=1)
 
-        def refused() -> str:
-            reasons = [_readyz(p)["checks"]["inventory"].get("reason", "")  # type: ignore[attr-defined]
-                       for p in installed.pods()]
-            return reasons[0] if all("403" in r for r in reasons) else ""
+        def refused() -> tuple[str, str] | None:
+            for pod in installed.pods():
+                if pod["metadata"]["name"] in before or not pod["status"].get("podIP"):
+                    continue
+                try:
+                    ready = _readyz(pod)
+                except OSError:
+                    continue  # not listening yet
+                reason = str(ready.get("checks", {}).get("inventory", {}).get("reason", ""))  # type: ignore[attr-defined]
+                if ready.get("status") == "not ready" and reason:
+                    return pod["metadata"]["name"], reason
+            return None
 
-        reason = wait_until(refused, 60, "/readyz to report the refused list")
-        print(f"/readyz with runtimeclasses not permitted: {reason}")
-        assert "runtimeclasses" in reason and "lacks read access" in reason
+        name, reason = wait_until(refused, 120, "the new webhook Pod's /readyz to report the refused list")
+        print(f"/readyz of the new Pod with runtimeclasses not permitted: {reason}")
+        assert reason.startswith("the API server refused the initial list of runtimeclasses: API server answered 403")
+        assert "lacks read access" in reason
+        # A readiness failure, not a crash loop: the rollout waits (maxUnavailable 0), the old replicas serve.
+        time.sleep(10)
+        pods = {p["metadata"]["name"]: p for p in installed.pods()}
+        status = container_status(pods[name])
+        assert status.get("ready") is False and status.get("restartCount") == 0 and "running" in status["state"]
+        assert before <= set(pods) and all(container_status(pods[old]).get("ready") is True for old in before)
+        assert not _rollout_done(cluster)
     finally:
         cluster.kubectl("patch", "clusterrole", role, "--type=json", "-p",
                         json.dumps([{"op": "replace", "path": "/rules", "value": saved["rules"]}]))
+    wait_until(lambda: _rollout_done(cluster), 240, "the rollout to finish once the permission is back", interval=1)

@@ -28,7 +28,7 @@ from webhook.admission.settings import Settings
 from webhook.admission.tls import Loaded, ServingTls
 from webhook.policy.engine import Context, evaluate
 from webhook.policy.findings import Mode, Verdict
-from webhook.policy.inventory import Snapshot
+from webhook.policy.inventory import REFUSED_AT_START, Snapshot
 from webhook.policy.patch import operations
 from webhook.policy.pods import KNOWN_KINDS
 
@@ -116,8 +116,9 @@ class AdmissionServer:
             })
 
     def readiness(self) -> tuple[bool, dict[str, Any]]:
-        """Ready when rules are loaded, a certificate/key pair is usable if TLS is configured, and no SIGTERM has
-        come (during the shutdown delay /readyz is 503 with `checks.shutdown`, while reviews are still served)."""
+        """Ready when rules are loaded, a certificate/key pair is usable if TLS is configured, the API server has not
+        refused the inventory's first lists (cluster awareness), and no SIGTERM has come (during the shutdown delay
+        /readyz is 503 with `checks.shutdown`, while reviews are still served)."""
         checks: dict[str, Any] = {"rules": {"digest": self.store.policy.digest,
                                             "last_error": self.store.last_error}}
         ready = True
@@ -125,12 +126,17 @@ class AdmissionServer:
             ready = False  # SIGTERM received: serving on only until clients have moved (shutdown.py)
             checks["shutdown"] = {"draining": True}
         if self.inventory is not None:
-            # Reported, never a reason to be unready: without the inventory its checks are skipped, the rest works.
-            # Not synced, it says why (e.g. the API server's 403 when the ServiceAccount lacks a permission).
+            # Not synced, it says why. A list the API server refused at start (the ServiceAccount lacks a
+            # permission) makes this replica unready: a rollout stalls while the old replicas serve, and nothing
+            # crash-loops. Any other gap (not yet listed, the API server unreachable or a permission taken away
+            # later, once listed) is reported only: an unready fleet would leave the validating webhook
+            # (failurePolicy Fail) without endpoints, and the inventory checks are skipped with a warning instead.
             snapshot = self.inventory.snapshot()
             checks["inventory"] = {"synced": snapshot.synced}
             if not snapshot.synced:
                 checks["inventory"]["reason"] = snapshot.reason
+                if snapshot.reason.startswith(REFUSED_AT_START):
+                    ready = False
         if self.tls is not None:
             loaded = self.tls.refresh()
             ready = ready and loaded is not None

@@ -207,6 +207,7 @@ class _Cache:
     absent: str | None = None
     last_contact: float | None = None
     error: str | None = None
+    refused: bool = False  # the last error was the API server's 401 or 403 (credentials, RBAC)
     relists: int = 0
     response: Any = None  # the open watch, shut down by stop()
     call: ListCall | None = None  # the list function of the API version that answered
@@ -316,6 +317,8 @@ class ClusterInventory:
             for cache in self._caches:
                 name = cache.source.name
                 if not cache.listed:
+                    if cache.refused:
+                        return False, f"{inventory.REFUSED_AT_START} {name}: {cache.error}"
                     why = f": {cache.error}" if cache.error else ""
                     return False, f"initial list of {name} pending{why}"
                 if cache.last_contact is not None and now - cache.last_contact > self.stale_seconds:
@@ -340,9 +343,11 @@ class ClusterInventory:
             except (ApiException, *_NETWORK_ERRORS) as err:
                 if self._stop.is_set():
                     break
-                message = str(describe_error(err))
+                described = describe_error(err)
+                message = str(described)
                 with self._lock:
                     cache.error = message
+                    cache.refused = described.status in (401, 403)
                 log.warning("inventory %s: %s; retrying in %.1fs", cache.source.name, message, delay)
                 self._stop.wait(delay)
                 delay = min(delay * 2, self._backoff[1])

@@ -53,6 +53,11 @@ Finding = tuple[str, str]  # (rule id, message)
 # --------------------------------------------------------------------------------------------- snapshot
 
 
+# How a snapshot's `reason` begins when the API server refused an initial list (401/403): with no list of that kind
+# ever made, the server cannot run the checks it was configured for, and its /readyz fails (webhook.admission.app).
+REFUSED_AT_START = "the API server refused the initial list of"
+
+
 @dataclass(frozen=True)
 class Taint:
     key: str
