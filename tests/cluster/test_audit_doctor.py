@@ -161,8 +161,8 @@ def test_doctor_pending_pod_human(cluster: tuple[ReplayServer, str], capsys: pyt
         "training)",
         "         not a candidate: a100-down: not Ready",
         "[FAIL] Placement: the Pod is not scheduled (phase Pending)",
-        "[WARN] Events: the scheduler found no node with nvidia.com/gpu free: the GPUs of the matching nodes are in "
-        "use (it waits until one is released), unless the Pod asks for more than any node has (see Matching nodes)",
+        "[WARN] Events: the scheduler found no node with enough nvidia.com/gpu: the Pod asks for 6, more than any "
+        "node it can land on has (4); ask for at most 4, or choose nodes with more GPUs (see Matching nodes)",
         "[ok  ] RuntimeClass: RuntimeClass nvidia exists",
         "[FAIL] This webhook: would deny this Pod if it were created now (class workload=inference,gpu-type=t4)",
         "Conclusion: Matching nodes: 3 node(s) match but none offers enough of nvidia.com/gpu: the Pod can never "
@@ -304,7 +304,8 @@ def test_doctor_says_no_plugin_when_no_gpu_node_advertises() -> None:
     assert "GPU nodes: kit-gpu-node" in plugin.summary
 
 
-ADVERTISED = doctor.Clues({"nvidia.com/gpu": 1})
+GPU = "nvidia.com/gpu"
+ADVERTISED = doctor.Clues({GPU: 1})
 NOTHING = doctor.Clues({})
 SANDBOX = ('FailedCreatePodSandBox: Failed to create pod sandbox: rpc error: code = Unknown desc = failed to get '
            'sandbox runtime: no runtime for "nvidia" is configured')
@@ -313,6 +314,67 @@ SANDBOX = ('FailedCreatePodSandBox: Failed to create pod sandbox: rpc error: cod
 def _real_event(fragment: str) -> str:
     line = next(x for x in (REAL / "events.txt").read_text().splitlines() if fragment in x)
     return line[line.index("FailedScheduling"):].replace("FailedScheduling", "FailedScheduling:", 1)
+
+
+def _fleet(t4_allocatable: str | None) -> inventory.Snapshot:
+    """The real H200 node twice: as a T4 node (hand label gpu-type=t4) whose allocatable is `t4_allocatable`
+    (None: its plugin is not running), and as an A100 node whose plugin works (4 GPUs)."""
+    t4 = with_hand_labels(real("node-h200.json"), **{"gpu-type": "t4"})
+    if t4_allocatable is None:
+        t4["status"]["allocatable"].pop(GPU)
+    else:
+        t4["status"]["allocatable"][GPU] = t4["status"]["capacity"][GPU] = t4_allocatable
+    a100 = with_hand_labels(real("node-h200.json"), **{"gpu-type": "a100"})
+    a100["metadata"]["name"] = "a100-node"
+    a100["status"]["allocatable"][GPU] = a100["status"]["capacity"][GPU] = "4"
+    return real_snapshot(t4, a100)
+
+
+def _pending_t4_pod(name: str, gpus: int) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A GPU Pod selecting the T4 node, Pending, and its real FailedScheduling (Insufficient) event."""
+    pod = {"kind": "Pod", "metadata": {"name": name, "namespace": "default", "uid": f"uid-{name}"},
+           "spec": {"nodeSelector": {"gpu-type": "t4"},
+                    "tolerations": [{"key": GPU, "operator": "Exists", "effect": "NoSchedule"}],
+                    "containers": [{"name": "c", "resources": {"limits": {GPU: gpus}}}]},
+           "status": {"phase": "Pending"}}
+    reason, message = _real_event("Insufficient").split(": ", 1)
+    event = {"type": "Warning", "reason": reason, "message": message,
+             "involvedObject": {"kind": "Pod", "name": name, "uid": f"uid-{name}"}}
+    return pod, event
+
+
+def _holder(node: str, gpus: int) -> dict[str, Any]:
+    return {"kind": "Pod", "metadata": {"name": "holder", "namespace": "default"},
+            "spec": {"nodeName": node, "containers": [{"name": "c", "resources": {"limits": {GPU: gpus}}}]},
+            "status": {"phase": "Running"}}
+
+
+@pytest.mark.parametrize(
+    ("t4_allocatable", "gpus", "held", "matching", "events"),
+    [
+        pytest.param(None, 1, 0, "1 node(s) match but none advertises nvidia.com/gpu: the device plugin is not "
+                     "running (or not registered) on kit-gpu-node; start it there",
+                     "none of the nodes the Pod can land on advertises it", id="t4-plugin-stopped-a100s-working"),
+        pytest.param("1", 1, 1, "1 node(s) match and 1 could hold the Pod, but none has enough free GPUs now",
+                     "the GPUs of the nodes the Pod can land on are in use", id="t4-gpu-in-use"),
+        pytest.param("1", 2, 0, "1 node(s) match but none offers enough of nvidia.com/gpu",
+                     "the Pod asks for 2, more than any node it can land on has (1)", id="t4-too-small"),
+    ],
+)
+def test_doctor_reads_insufficient_against_the_nodes_the_pod_can_land_on(
+        t4_allocatable: str | None, gpus: int, held: int, matching: str, events: str) -> None:
+    """The scheduler's one text, "Insufficient nvidia.com/gpu", means three things; which one depends on the nodes
+    the Pod can land on, not on the whole fleet: 4 working A100 GPUs elsewhere say nothing about the T4 node."""
+    pod, event = _pending_t4_pod("t4-pod", gpus)
+    pods = (_holder("kit-gpu-node", held),) if held else ()
+    report = doctor.diagnose(load_policy(), doctor.Facts(pod=pod, events=(event,), pods=pods,
+                                                         snapshot=_fleet(t4_allocatable)))
+    steps = {s.title: s for s in report.steps}
+    assert matching in steps["Matching nodes"].summary, steps["Matching nodes"]
+    assert events in steps["Events"].summary, steps["Events"]
+    assert steps["Events"].status == "warn"
+    assert report.broken and steps["Placement"].status == "fail"
+    assert ("the nodes it can land on have no GPU free now" in steps["Placement"].summary) is bool(held)
 
 
 @pytest.mark.parametrize(
@@ -328,9 +390,14 @@ def _real_event(fragment: str) -> str:
         pytest.param(SANDBOX, ADVERTISED, "fail", 'containerd on the node has no runtime handler "nvidia"',
                      id="containerd-runtime-handler"),
         pytest.param(_real_event("Insufficient"), ADVERTISED, "warn",
-                     "no node with nvidia.com/gpu free: the GPUs of the matching nodes are in use", id="gpus-in-use"),
+                     "no node with nvidia.com/gpu free: the GPUs of the nodes the Pod can land on are in use",
+                     id="gpus-in-use"),
         pytest.param(_real_event("Insufficient"), NOTHING, "warn",
-                     "no Ready node advertises it, so its device plugin is not running", id="plugin-not-running"),
+                     "none of the nodes the Pod can land on advertises it, so the device plugin is not running",
+                     id="plugin-not-running"),
+        pytest.param(_real_event("Insufficient"), doctor.Clues({GPU: 8}, {GPU: 4}, {GPU: 8}), "warn",
+                     "the Pod asks for 8, more than any node it can land on has (4); ask for at most 4",
+                     id="more-than-any-node-has"),
         pytest.param(_real_event("didn't match"), ADVERTISED, "warn",
                      "no node with the labels the Pod's nodeSelector or node affinity asks for", id="selector"),
         pytest.param("UnexpectedAdmissionError: Pod was rejected: something new", ADVERTISED, "fail",

@@ -242,7 +242,7 @@ def test_oci_labels(final: Stage, pyproject: dict[str, Any], label: str) -> None
             labels[key] = value
     assert labels.get(label), f"{label} is missing"
     if label.endswith(".licenses"):
-        assert labels[label] == pyproject["project"]["license"]["text"]
+        assert labels[label] == pyproject["project"]["license"]
     if label.endswith(".title"):
         assert labels[label] == pyproject["project"]["name"]
 

@@ -106,24 +106,57 @@ def test_seed_pod_runs_through_the_nvidia_runtime(cluster: Cluster, real_node: R
     assert "libcuda.so.1 -> libcuda.so.580.159.04" in logs  # the real nvidia-cdi-hook made the link
 
 
-def test_plugin_not_running_leaves_the_seed_pod_pending(cluster: Cluster, real_node: RealNode,
-                                                        namespace: str) -> None:
-    """No device plugin: the real node advertises no GPU, the real scheduler says Insufficient, doctor fails."""
-    real_node.stop_device_plugin()
-    wait_until(lambda: real_node.gpus()[1] in (None, "0"), 60, "no allocatable GPU")
-    cluster.kubectl("apply", "-n", namespace, "-f", "-", input=CUDA_GPU_TEST)
-
-    def insufficient() -> str:
-        for event in events_for(cluster, namespace, "Pod", "cuda-gpu-test"):
+def _insufficient(cluster: Cluster, namespace: str, name: str) -> str:
+    """The real scheduler's FailedScheduling text for the Pod once it says Insufficient nvidia.com/gpu."""
+    def said() -> str:
+        for event in events_for(cluster, namespace, "Pod", name):
             if event.get("reason") == "FailedScheduling" and "Insufficient nvidia.com/gpu" in event["message"]:
                 return str(event["message"])
         return ""
 
-    message = wait_until(insufficient, 60, "the scheduler's Insufficient nvidia.com/gpu")
+    message = str(wait_until(said, 60, f"the scheduler's Insufficient nvidia.com/gpu for {name}"))
     print(f"real event: {message}")
+    return message
+
+
+def _steps(report: dict[str, object]) -> dict[str, str]:
+    """doctor's JSON report: step title -> summary."""
+    return {str(s["step"]): str(s["summary"]) for s in report["steps"]}  # type: ignore[attr-defined]
+
+
+def test_plugin_not_running_leaves_the_seed_pod_pending(cluster: Cluster, real_node: RealNode,
+                                                        namespace: str) -> None:
+    """No device plugin: the real node advertises no GPU, the real scheduler says Insufficient, and doctor says
+    the plugin is not running there, although the kwok A100 nodes advertise GPUs the Pod cannot land on."""
+    real_node.stop_device_plugin()
+    wait_until(lambda: real_node.gpus()[1] in (None, "0"), 60, "no allocatable GPU")
+    cluster.kubectl("apply", "-n", namespace, "-f", "-", input=CUDA_GPU_TEST)
+    _insufficient(cluster, namespace, "cuda-gpu-test")
     code, report = doctor(cluster, namespace, "cuda-gpu-test")
     assert code == 1
+    steps = _steps(report)
     assert "Insufficient nvidia.com/gpu" in json.dumps(report)
+    assert "none of the nodes the Pod can land on advertises it, so the device plugin is not running" in steps["Events"]
+    assert f"the device plugin is not running (or not registered) on {NODE_NAME}" in steps["Matching nodes"]
+
+
+def test_all_gpus_in_use_leaves_the_seed_pod_pending(cluster: Cluster, real_node: RealNode, namespace: str) -> None:
+    """The plugin advertises 1 GPU and another Pod holds it: the same Insufficient text from the real scheduler,
+    and doctor says the GPU is in use and the Pod waits for it (unscheduled: exit 1, as for a full fleet)."""
+    real_node.start_device_plugin(uuids=GPU_UUIDS[:1])
+    wait_until(lambda: real_node.gpus()[1] == "1", 60, "nvidia.com/gpu: 1")
+    holder = _shell_pod("gpu-holder", "trap 'exit 0' TERM; while :; do sleep 1; done")
+    cluster.kubectl("apply", "-n", namespace, "-f", "-", input=yaml_of(holder))
+    wait_until(lambda: _phase(cluster, namespace, "gpu-holder") == "Running", 90, "the holder Pod to run")
+    cluster.kubectl("apply", "-n", namespace, "-f", "-", input=CUDA_GPU_TEST)
+    _insufficient(cluster, namespace, "cuda-gpu-test")
+    code, report = doctor(cluster, namespace, "cuda-gpu-test")
+    assert code == 1
+    steps = _steps(report)
+    assert "the GPUs of the nodes the Pod can land on are in use" in steps["Events"]
+    assert "1 could hold the Pod, but none has enough free GPUs now" in steps["Matching nodes"]
+    assert str(report["conclusion"]).startswith("Placement: the Pod is not scheduled (phase Pending): the nodes it "
+                                                "can land on have no GPU free now")
 
 
 def test_two_replicas_fail_allocate_like_the_real_plugin(cluster: Cluster, real_node: RealNode,

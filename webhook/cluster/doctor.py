@@ -94,15 +94,18 @@ def diagnose(policy: Policy, facts: Facts) -> Report:
     asks = gpu_requests(policy, spec)
     claims = inventory.gpu_claims(policy, snapshot, _namespace(pod), spec)
     steps = [_request_step(asks, claims)]
+    where = inventory.with_runtime_class(inventory.placement(spec, ("spec",)),
+                                         snapshot.runtime_classes.get(str(spec.get("runtimeClassName") or "")))
+    waits = False  # unscheduled because the GPUs of the nodes it can land on are in use
     if asks or claims:
-        where = inventory.with_runtime_class(inventory.placement(spec, ("spec",)),
-                                             snapshot.runtime_classes.get(str(spec.get("runtimeClassName") or "")))
         used = _used(policy, facts.pods, exclude=_name(pod), namespace=_namespace(pod))
         steps.append(_advertised_step(snapshot, asks))
         steps.append(_device_plugin_step(policy, facts))
-        steps.append(_matching_step(snapshot, where, asks, used, scheduled=bool(spec.get("nodeName"))))
-    clues = Clues.of(snapshot)
-    steps.append(_landing_step(pod, clues))
+        matching = _matching_step(snapshot, where, asks, used, scheduled=bool(spec.get("nodeName")))
+        steps.append(matching)
+        waits = matching.status == "warn"
+    clues = Clues.of(snapshot, where, asks)
+    steps.append(_landing_step(pod, clues, waits))
     steps.append(_events_step(facts, clues))
     steps.append(_runtime_class_step(snapshot, spec, gpu=bool(asks or claims)))
     steps.append(_webhook_step(policy, facts))
@@ -233,11 +236,14 @@ def _matching_step(snapshot: Snapshot, where: Placement, asks: Mapping[str, int]
     fits: list[str] = []
     capable: list[str] = []
     rejected: list[str] = []
+    silent: list[str] = []  # candidates that advertise none of what the Pod asks for
     for node in snapshot.nodes:
         why = _why_not(node, where)
         if why:
             rejected.append(f"{node.name}: {why}")
             continue
+        if not any(node.offers(r) for r in asks):
+            silent.append(node.name)
         free = {r: node.offers(r) - used.get(node.name, {}).get(r, 0) for r in asks}
         evidence.append(f"{node.name}: " + ", ".join(f"{node.offers(r)} {r} allocatable, {free[r]} free"
                                                       for r in sorted(asks)))
@@ -257,6 +263,11 @@ def _matching_step(snapshot: Snapshot, where: Placement, asks: Mapping[str, int]
         status = "info" if scheduled else "warn"
         return Step("Matching nodes", status, f"{matching} node(s) match and {len(capable)} could hold the Pod, "
                     "but none has enough free GPUs now: it waits until GPUs are released (or the cluster grows)",
+                    tuple(evidence))
+    if matching and len(silent) == matching:
+        return Step("Matching nodes", status, f"{matching} node(s) match but none advertises "
+                    f"{', '.join(sorted(asks))}: the device plugin is not running (or not registered) on "
+                    f"{', '.join(silent[:_SHOWN])}; start it there and the Pod schedules (see Device plugin)",
                     tuple(evidence))
     if matching:
         return Step("Matching nodes", status, f"{matching} node(s) match but none offers enough of "
@@ -287,7 +298,9 @@ def _why_not(node: Node, where: Placement) -> str:
     return ""
 
 
-def _landing_step(pod: Json, clues: Clues) -> Step:
+def _landing_step(pod: Json, clues: Clues, waits: bool = False) -> Step:
+    """Where the Pod is and what its node said. An unscheduled Pod fails here; with `waits` (Matching nodes found
+    nodes that could hold it, their GPUs in use) the summary says it is queued for a GPU."""
     spec, status = mapping(pod.get("spec")), mapping(pod.get("status"))
     phase = str(status.get("phase") or "Unknown")
     node = spec.get("nodeName")
@@ -307,6 +320,10 @@ def _landing_step(pod: Json, clues: Clues) -> Step:
     message = str(scheduled.get("message") or "")
     evidence = (f"PodScheduled={scheduled.get('status')} {scheduled.get('reason') or ''}: {message}".strip(),) \
         if scheduled else ()
+    if waits:
+        return Step("Placement", "fail", f"the Pod is not scheduled (phase {phase}): the nodes it can land on have "
+                    "no GPU free now, and the scheduler places it when one is released; free one (or add nodes) "
+                    "if it cannot wait (see Matching nodes)", evidence)
     return Step("Placement", "fail", f"the Pod is not scheduled (phase {phase})", evidence)
 
 
@@ -367,18 +384,27 @@ def _own_events(facts: Facts) -> list[Json]:
 
 @dataclass(frozen=True)
 class Clues:
-    """What an explanation may consult beyond the text: how much of each GPU resource Ready nodes advertise."""
+    """What an explanation may consult beyond the text: how much of each GPU resource the nodes the Pod can land
+    on advertise (Ready, selected, tolerated, not cordoned: the nodes the scheduler weighs for it), in all and on
+    the largest of them, and how much the Pod asks for. Nodes the Pod cannot land on do not count: a fleet of
+    working A100 nodes says nothing about the T4 node whose plugin stopped."""
 
     advertised: Mapping[str, int]
+    largest: Mapping[str, int] = dataclasses.field(default_factory=dict)
+    asks: Mapping[str, int] = dataclasses.field(default_factory=dict)
 
     @classmethod
-    def of(cls, snapshot: Snapshot) -> Clues:
+    def of(cls, snapshot: Snapshot, where: Placement | None = None, asks: Mapping[str, int] | None = None) -> Clues:
+        """Over the nodes `where` admits; every Ready node without a placement."""
         total: dict[str, int] = {}
+        largest: dict[str, int] = {}
         for node in snapshot.nodes:
-            if node.ready:
-                for resource, count in node.allocatable.items():
-                    total[resource] = total.get(resource, 0) + count
-        return cls(total)
+            if _why_not(node, where) if where is not None else not node.ready:
+                continue
+            for resource, count in node.allocatable.items():
+                total[resource] = total.get(resource, 0) + count
+                largest[resource] = max(largest.get(resource, 0), count)
+        return cls(total, largest, dict(asks or {}))
 
 
 @dataclass(frozen=True)
@@ -416,10 +442,16 @@ def _no_handler(groups: Mapping[str, str], clues: Clues) -> str:
 def _insufficient(groups: Mapping[str, str], clues: Clues) -> str:
     resource = groups["resource"]
     if not clues.advertised.get(resource):
-        return (f"the scheduler found no node with {resource}: no Ready node advertises it, so its device plugin "
-                "is not running (or not registered) on the GPU nodes; start it there (see Device plugin)")
-    return (f"the scheduler found no node with {resource} free: the GPUs of the matching nodes are in use (it waits "
-            "until one is released), unless the Pod asks for more than any node has (see Matching nodes)")
+        return (f"the scheduler found no node with {resource}: none of the nodes the Pod can land on advertises it, "
+                "so the device plugin is not running (or not registered) there; start it on those nodes (see "
+                "Device plugin and Matching nodes)")
+    asked, largest = clues.asks.get(resource, 0), clues.largest.get(resource, 0)
+    if asked > largest:
+        return (f"the scheduler found no node with enough {resource}: the Pod asks for {asked}, more than any node "
+                f"it can land on has ({largest}); ask for at most {largest}, or choose nodes with more GPUs (see "
+                "Matching nodes)")
+    return (f"the scheduler found no node with {resource} free: the GPUs of the nodes the Pod can land on are in "
+            "use (it waits until one is released, or until the cluster grows); see Matching nodes for what is free")
 
 
 def _selector(groups: Mapping[str, str], clues: Clues) -> str:
