@@ -317,3 +317,33 @@ def test_globs_are_compiled_once_when_the_rules_load() -> None:
     assert product.globs is not None and product.globs.match("NVIDIA-A100-SXM4-80GB")
     assert not product.matches("Tesla-T4")
     assert axis.values["t4"].aliases["nvidia.com/gpu.product"].matches("Tesla-T4-SHARED")
+
+
+def _either(*terms: dict[str, Any]) -> dict[str, Any]:
+    """A GPU Pod whose required node affinity is `terms` ORed, each one expression."""
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "labels": {}},
+            "spec": {"containers": [{"name": "main", "image": "x", "resources": {"limits": {"nvidia.com/gpu": 1}}}],
+                     "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+                         "nodeSelectorTerms": [{"matchExpressions": [t]} for t in terms]}}}}}
+
+
+NO_WORKLOAD = {"key": "workload", "operator": "DoesNotExist"}
+
+
+@pytest.mark.parametrize(("pod", "gpu_class"), [
+    pytest.param(_either(NO_WORKLOAD, {"key": "accelerator", "operator": "In", "values": ["nvidia-a100"]}),
+                 "workload=inference,gpu-type=a100", id="workload-default-leaves-an-a100-term"),
+    pytest.param(_either(NO_WORKLOAD, {"key": "cloud.google.com/gke-accelerator", "operator": "In",
+                                       "values": ["nvidia-tesla-t4"]}),
+                 "workload=inference,gpu-type=t4", id="workload-default-leaves-a-t4-term"),
+])
+def test_a_default_that_narrows_the_selection_to_one_gpu_makes_it_the_pods_own(pod: dict[str, Any],
+                                                                               gpu_class: str) -> None:
+    """A hypothesis counterexample: the workload default drops the Pod's `workload DoesNotExist` term, and the
+    term left names one GPU. That GPU is the Pod's own choice (no gpu-type selector added), and /mutate reports
+    the class /validate reads from the patched Pod."""
+    outcome = decide(policy(), pod, "default")
+    assert outcome.verdict.allowed and outcome.verdict.gpu_class == gpu_class, outcome.verdict
+    assert outcome.patched["spec"]["nodeSelector"] == {"workload": "inference"}
+    final = decide(policy(), outcome.patched, "default", mode="validate").verdict
+    assert final.allowed and final.gpu_class == gpu_class

@@ -488,7 +488,14 @@ def _choose_class(policy: Policy, ref: PodSpecRef, namespace: str, ctx: Context,
             ok = False
     for axis in undecided:  # then the defaults, within what the Pod's selection and resources admit
         admits = _admitted(axis, terms, limits.get(axis.name))
-        pick = _default(axis, picked, ns_policy, namespace, admits)
+        if (terms is not NO_SELECTION and admits is not None and len(admits) == 1
+                and selection.candidates(axis, terms) == admits):
+            # A default above narrowed the Pod's selection to one value of this axis: the Pod's own choice now,
+            # as /validate reads the patched Pod.
+            pick: Pick | bool = Pick(axis, next(iter(admits)),
+                                     f"Pod's own selection {selection.describe(axis, terms)}", False)
+        else:
+            pick = _default(axis, picked, ns_policy, namespace, admits)
         if not isinstance(pick, Pick):
             if pick and admits is not None:
                 skipped.append(f"{axis.name}: left out: no default is one of the values the Pod admits "
