@@ -104,7 +104,7 @@ def diagnose(policy: Policy, facts: Facts) -> Report:
         matching = _matching_step(snapshot, where, asks, used, scheduled=bool(spec.get("nodeName")))
         steps.append(matching)
         waits = matching.status == "warn"
-    clues = Clues.of(snapshot, where, asks)
+    clues = Clues.of([n for n in snapshot.nodes if not _why_not(n, where)], asks)
     steps.append(_landing_step(pod, clues, waits))
     steps.append(_events_step(facts, clues))
     steps.append(_runtime_class_step(snapshot, spec, gpu=bool(asks or claims)))
@@ -394,17 +394,15 @@ class Clues:
     asks: Mapping[str, int] = dataclasses.field(default_factory=dict)
 
     @classmethod
-    def of(cls, snapshot: Snapshot, where: Placement | None = None, asks: Mapping[str, int] | None = None) -> Clues:
-        """Over the nodes `where` admits; every Ready node without a placement."""
+    def of(cls, candidates: Sequence[Node], asks: Mapping[str, int]) -> Clues:
+        """From the nodes the Pod can land on (`_why_not` finds nothing against them)."""
         total: dict[str, int] = {}
         largest: dict[str, int] = {}
-        for node in snapshot.nodes:
-            if _why_not(node, where) if where is not None else not node.ready:
-                continue
+        for node in candidates:
             for resource, count in node.allocatable.items():
                 total[resource] = total.get(resource, 0) + count
                 largest[resource] = max(largest.get(resource, 0), count)
-        return cls(total, largest, dict(asks or {}))
+        return cls(total, largest, dict(asks))
 
 
 @dataclass(frozen=True)

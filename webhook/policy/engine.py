@@ -487,15 +487,12 @@ def _choose_class(policy: Policy, ref: PodSpecRef, namespace: str, ctx: Context,
         elif said != "left out":
             ok = False
     for axis in undecided:  # then the defaults, within what the Pod's selection and resources admit
-        admits = _admitted(axis, terms, limits.get(axis.name))
-        if (terms is not NO_SELECTION and admits is not None and len(admits) == 1
-                and selection.candidates(axis, terms) == admits):
-            # A default above narrowed the Pod's selection to one value of this axis: the Pod's own choice now,
-            # as /validate reads the patched Pod.
-            pick: Pick | bool = Pick(axis, next(iter(admits)),
-                                     f"Pod's own selection {selection.describe(axis, terms)}", False)
-        else:
-            pick = _default(axis, picked, ns_policy, namespace, admits)
+        selected = _selected(axis, terms)
+        admits = _within(selected, limits.get(axis.name))
+        # A default above may have narrowed the Pod's selection to one value of this axis: the Pod's own choice
+        # then, as /validate reads the patched Pod.
+        own = _own_pick(axis, terms, selected) if admits == selected else None
+        pick = own or _default(axis, picked, ns_policy, namespace, admits)
         if not isinstance(pick, Pick):
             if pick and admits is not None:
                 skipped.append(f"{axis.name}: left out: no default is one of the values the Pod admits "
@@ -544,9 +541,17 @@ def _resource_limits(policy: Policy, per_resource: Mapping[str, list[tuple[Conta
     return limits
 
 
-def _admitted(axis: Axis, terms: tuple[Term, ...], limit: _Limit | None) -> frozenset[str] | None:
-    """The values the Pod's selection and resources leave open for the axis (None: all of them)."""
-    return _within(None if terms is NO_SELECTION else selection.candidates(axis, terms), limit)
+def _selected(axis: Axis, terms: tuple[Term, ...]) -> frozenset[str] | None:
+    """The values the Pod's own node selection admits for the axis (None: it selects no nodes)."""
+    return None if terms is NO_SELECTION else selection.candidates(axis, terms)
+
+
+def _own_pick(axis: Axis, terms: tuple[Term, ...], selected: frozenset[str] | None) -> Pick | None:
+    """The value the Pod's own selection names when it names exactly one: the Pod's choice, and no nodeSelector
+    is injected for it (its own selector already places it)."""
+    if selected is None or len(selected) != 1:
+        return None
+    return Pick(axis, next(iter(selected)), f"Pod's own selection {selection.describe(axis, terms)}", False)
 
 
 def _within(selected: frozenset[str] | None, limit: _Limit | None) -> frozenset[str] | None:
@@ -561,7 +566,7 @@ def _said_by_pod(ref: PodSpecRef, axis: Axis, labels: Mapping[str, Any], terms: 
     """The axis value the Pod's label, own selection or resources determine, else "open" when they leave it
     to the defaults, "refused" when they contradict each other or the rules (reported), "left out" when
     the Pod names a GPU the axis does not cover (warned)."""
-    selected = None if terms is NO_SELECTION else selection.candidates(axis, terms)
+    selected = _selected(axis, terms)
     label_value = labels.get(axis.label)
     if label_value is not None:
         value = str(label_value)
@@ -596,8 +601,9 @@ def _said_by_pod(ref: PodSpecRef, axis: Axis, labels: Mapping[str, Any], terms: 
               f"{axis.name} {', '.join(sorted(limit[0]))}: no node has both; select a GPU with {limit[1]} or "
               "another resource")
         return "left out"
-    if selected is not None and len(selected) == 1:
-        return Pick(axis, next(iter(selected)), f"Pod's own selection {selection.describe(axis, terms)}", False)
+    own = _own_pick(axis, terms, selected)
+    if own is not None:
+        return own
     if admits is not None and len(admits) == 1 and limit is not None:
         return Pick(axis, next(iter(admits)), f"resource {limit[1]} ({limit[2].where()})")
     return "open"
