@@ -11,6 +11,7 @@ holds against real node labels: a default whose nodeSelector would leave none is
 from __future__ import annotations
 
 import itertools
+import json
 from collections.abc import Mapping, Sequence
 from functools import cache
 from typing import Any
@@ -347,3 +348,35 @@ def test_a_default_that_narrows_the_selection_to_one_gpu_makes_it_the_pods_own(p
     assert outcome.patched["spec"]["nodeSelector"] == {"workload": "inference"}
     final = decide(policy(), outcome.patched, "default", mode="validate").verdict
     assert final.allowed and final.gpu_class == gpu_class
+
+
+T4_OR_NO_WORKLOAD = _either({"key": "accelerator", "operator": "In", "values": ["nvidia-tesla-t4"]}, NO_WORKLOAD)
+
+
+def test_a_label_that_keeps_only_terms_no_class_holds_is_a_conflict() -> None:
+    """A hypothesis counterexample: the label says a100, and the only term that admits it (`workload
+    DoesNotExist`) selects nodes no class has; the one term the rules cover selects a T4. Refused, as a label
+    against the Pod's own selection is, naming both."""
+    pod = json.loads(json.dumps(T4_OR_NO_WORKLOAD))
+    pod["metadata"]["labels"] = {"gpu-webhook.io/gpu-type": "a100"}
+    verdict = decide(policy(), pod, "default").verdict
+    assert not verdict.allowed
+    assert verdict.message() == (
+        "[gpu-class-conflict] label gpu-webhook.io/gpu-type chooses gpu-type a100, but the Pod's own node selection "
+        "spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms[0] accelerator "
+        "In [nvidia-tesla-t4] admits only gpu-type t4 on the nodes the rules class (its other terms select nodes no "
+        "class has); make them agree: change the label or that selector")
+
+
+def test_a_resource_that_keeps_only_terms_no_class_holds_leaves_the_axis_out() -> None:
+    """The same with a resource that exists only on a100 instead of the label: the axis is left out with a
+    warning, as when the selection and the resource exclude each other outright; /validate agrees."""
+    pod = json.loads(json.dumps(T4_OR_NO_WORKLOAD))
+    pod["spec"]["containers"][0]["resources"]["limits"] = {"nvidia.com/mig-1g.5gb": 1}
+    outcome = decide(policy(), pod, "default")
+    assert outcome.verdict.allowed and outcome.verdict.gpu_class == "workload=inference"
+    assert [w.rule for w in outcome.verdict.warnings] == ["gpu-class-skipped"]
+    assert "so gpu-type is left as the Pod chose it" in outcome.verdict.warnings[0].message
+    assert "gpu-type" not in outcome.patched["spec"]["nodeSelector"]
+    final = decide(policy(), outcome.patched, "default", mode="validate").verdict
+    assert final.allowed and final.gpu_class == "workload=inference"

@@ -482,8 +482,19 @@ def _choose_class(policy: Policy, ref: PodSpecRef, namespace: str, ctx: Context,
         if said == "open":
             undecided.append(axis)
         elif isinstance(said, Pick) and _allowed(axis, said, namespace, ns_policy, out):
+            kept = selection.keep_terms(axis, said.value, terms)
+            if terms is not NO_SELECTION and _strands(policy, terms, kept):
+                # As when they exclude each other outright: a label that does is refused, a resource is left out.
+                stranded = _stranded(policy, axis, said, terms)
+                if labels.get(axis.label) is not None:
+                    out.add("gpu-class-conflict", f"{stranded}; make them agree: change the label or that selector")
+                    ok = False
+                else:
+                    _skip(axis, out, skipped, f"{stranded}, so {axis.name} is left as the Pod chose it; select a GPU "
+                          "that has the resource, or ask for another resource")
+                continue
             picked[axis.name] = said
-            terms = selection.keep_terms(axis, said.value, terms)
+            terms = kept
         elif said != "left out":
             ok = False
     for axis in undecided:  # then the defaults, within what the Pod's selection and resources admit
@@ -514,13 +525,26 @@ def _choose_class(policy: Policy, ref: PodSpecRef, namespace: str, ctx: Context,
     return ChosenClass.of([picked[a.name] for a in policy.axes if a.name in picked], skipped)
 
 
-def _strands(policy: Policy, terms: tuple[Term, ...], kept: tuple[Term, ...]) -> bool:
-    """Whether a default drops every one of the Pod's terms that the class map can place, keeping only terms
-    whose GPU no value covers: the Pod would lose every node it selected that the rules know of."""
-    def placeable(term: Term) -> bool:
-        return all(selection.admitted(axis, term) != frozenset() for axis in policy.axes)
+def _placeable(policy: Policy, term: Term) -> bool:
+    """Whether some class of the rules can hold the term's nodes: no axis finds it admits none of its values."""
+    return all(selection.admitted(axis, term) != frozenset() for axis in policy.axes)
 
-    return any(map(placeable, terms)) and not any(map(placeable, kept))
+
+def _strands(policy: Policy, terms: tuple[Term, ...], kept: tuple[Term, ...]) -> bool:
+    """Whether a value drops every one of the Pod's terms that the class map can place, keeping only terms
+    whose nodes no class holds: the Pod would lose every node it selected that the rules know of."""
+    return any(_placeable(policy, t) for t in terms) and not any(_placeable(policy, t) for t in kept)
+
+
+def _stranded(policy: Policy, axis: Axis, pick: Pick, terms: tuple[Term, ...]) -> str:
+    """Why a label's or resource's value cannot stand: it keeps only the Pod's terms that no class holds."""
+    covered: set[str] = set()
+    for term in terms:
+        if _placeable(policy, term):
+            covered |= selection.admitted(axis, term) or set(axis.values)
+    return (f"{pick.how} chooses {axis.name} {pick.value}, but the Pod's own node selection "
+            f"{selection.describe(axis, terms)} admits only {axis.name} {', '.join(sorted(covered))} on the nodes the "
+            "rules class (its other terms select nodes no class has)")
 
 
 _Limit = tuple[frozenset[str], str, ContainerRef]  # the values a resource exists on, its name, who asks
