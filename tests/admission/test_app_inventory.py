@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -154,5 +155,24 @@ def test_inventory_warnings_read_the_same_at_both_endpoints(replay: ReplayServer
         validated = answer(app, "/validate", _patched(document, mutated))
         assert mutated["allowed"] and validated["allowed"]
         assert mutated.get("warnings") and mutated.get("warnings") == validated.get("warnings")
+    finally:
+        inventory.stop()
+
+
+def test_the_synced_gauge_follows_the_inventory_without_reviews(replay: ReplayServer, tmp_path: Path) -> None:
+    """gpu_webhook_inventory_synced is 1 once the inventory has synced, with no review answered (a worker that
+    answers none must not keep saying 0)."""
+    serve_cluster(replay)
+    api = kube.api_client(str(replay.kubeconfig(tmp_path / "kubeconfig")), environ={})
+    inventory = kube.ClusterInventory(api, clock=FakeClock(), watch_seconds=1, backoff=(0.05, 0.2))
+    registry = CollectorRegistry()
+    inventory.start()
+    try:
+        create_app(Settings(rules_poll_seconds=0), registry=registry, inventory=inventory)
+        wait_synced(replay, inventory)
+        deadline = time.monotonic() + 10
+        while registry.get_sample_value("gpu_webhook_inventory_synced") != 1.0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert registry.get_sample_value("gpu_webhook_inventory_synced") == 1.0
     finally:
         inventory.stop()

@@ -11,6 +11,7 @@ here: the gunicorn master serves them as plain HTTP on their own port (see `webh
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Mapping
 from typing import Any, Protocol
@@ -53,7 +54,6 @@ class AdmissionServer:
         self.metrics = metrics
         self.tls = tls
         self.inventory = inventory
-        self._synced: bool | None = None  # what the inventory gauge says now
 
     def answer(self, mode: Mode, body: bytes) -> tuple[int, dict[str, Any]]:
         """(HTTP status, JSON document) for one call to /mutate or /validate."""
@@ -70,9 +70,6 @@ class AdmissionServer:
             verdict = _UNJUDGED
         else:
             snapshot = self.inventory.snapshot() if self.inventory is not None else None  # never blocks
-            if snapshot is not None and snapshot.synced is not self._synced:  # a gauge write only on a change
-                self._synced = snapshot.synced
-                self.metrics.inventory_synced.set(1 if snapshot.synced else 0)
             ctx = Context(namespace=req.namespace, operation=req.operation, mode=mode, old_object=req.old_obj,
                           inventory=snapshot)
             verdict = evaluate(policy, req.obj, ctx)
@@ -183,6 +180,8 @@ def create_app(
 
         inventory = kube.inventory_from_env()
         inventory.start()
+    if inventory is not None:
+        _keep_synced_gauge(inventory, metrics)
     server = AdmissionServer(settings, store, metrics, tls, inventory)
 
     app = Flask("webhook")
@@ -228,6 +227,25 @@ def create_app(
 
     store.start(settings.rules_poll_seconds)
     return app
+
+
+SYNCED_GAUGE_SECONDS = 1.0
+
+
+def _keep_synced_gauge(inventory: Inventory, metrics: Metrics, every: float = SYNCED_GAUGE_SECONDS) -> None:
+    """Keep `gpu_webhook_inventory_synced` true to this worker's inventory whether reviews come or not, from a
+    thread of its own (written only as reviews came, an idle worker's 0 outlived the inventory's recovery, and
+    the multiprocess aggregate, the lowest live worker's value, said not synced). A write only on a change."""
+    def run() -> None:
+        last: bool | None = None
+        while True:
+            synced = inventory.synced
+            if synced is not last:
+                metrics.inventory_synced.set(1 if synced else 0)
+                last = synced
+            time.sleep(every)
+
+    threading.Thread(target=run, name="inventory-gauge", daemon=True).start()
 
 
 def _tls_loaded(metrics: Metrics, loaded: Loaded) -> None:
