@@ -29,7 +29,19 @@ from flask.testing import FlaskClient
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
-from support.admission import GPU_REVIEW, Pki, Server, body, client_context, kubelet_write, review, start_server
+from support.admission import (
+    CAPTURED,
+    GPU_REVIEW,
+    REVIEWS,
+    Pki,
+    RecordedCluster,
+    Server,
+    body,
+    client_context,
+    kubelet_write,
+    review,
+    start_server,
+)
 from support.pod_strategies import garbled_pods, pods, validator
 
 from webhook.admission.app import create_app, server_of
@@ -413,6 +425,198 @@ def test_wire_deep_nesting(wire: Wire) -> None:
     status, content_type, raw = wire.post("/mutate", b"[" * 5000 + b"]" * 5000)
     assert status == 400
     check_answer(status, content_type, raw, None)
+
+
+# --- one value of a real body replaced by a value of another JSON type -------------------------------
+#
+# The bodies the API server really sends (tests/data/admission-reviews, copies of the shared fixtures, and the
+# reviews captured from the e2e control plane in tests/e2e/captured), each also without `request.namespace`
+# (the engine then reads the object's own metadata.namespace): any one value, anywhere, becomes an object, a
+# list, a string, a number, a bool or null. Whatever the field, the answer keeps the contract: a JSON 4xx
+# naming the field the decision needs, or a judged AdmissionReview with the uid echoed and a patch that applies.
+
+REAL_BODIES = sorted([*REVIEWS.glob("*.json"), *CAPTURED.glob("*.json")])
+JSON_TYPES = {"object": dict, "list": list, "string": str, "number": (int, float), "bool": bool, "null": type(None)}
+OF_TYPE: dict[str, st.SearchStrategy[Any]] = {
+    "object": st.one_of(st.just({}), st.dictionaries(POD_KEYS, SCALARS, min_size=1, max_size=3),
+                        st.just({"nvidia.com/gpu": 0})),
+    "list": st.one_of(st.just([]), st.lists(SCALARS, min_size=1, max_size=3)),
+    "string": st.one_of(st.sampled_from(["", "1", "x", "nvidia.com/gpu", "default", "Pod"]), st.text(max_size=8)),
+    "number": st.one_of(st.integers(-3, 3), st.integers(-(2**70), 2**70), st.floats(allow_nan=False,
+                                                                                     allow_infinity=False)),
+    "bool": st.booleans(),
+    "null": st.none(),
+}
+
+
+def _json_type(value: Any) -> str:
+    if isinstance(value, bool):
+        return "bool"
+    return next(name for name, types in JSON_TYPES.items() if name != "bool" and isinstance(value, types))
+
+
+def _paths(node: Any, path: tuple[str | int, ...] = (), *, skip: frozenset[str] = frozenset()
+           ) -> Iterator[tuple[str | int, ...]]:
+    if path:
+        yield path
+    children = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else ()
+    for key, child in children:
+        if key not in skip:
+            yield from _paths(child, (*path, key), skip=skip)
+
+
+def _real_body(name: Path, keep_namespace: bool) -> dict[str, Any]:
+    document: dict[str, Any] = json.loads(name.read_text())
+    if not keep_namespace:
+        document["request"].pop("namespace", None)
+    return document
+
+
+@st.composite
+def retyped_real_bodies(draw: st.DrawFn) -> dict[str, Any]:
+    """A real review body with one value (any depth, the envelope included) of another JSON type."""
+    document = _real_body(draw(st.sampled_from(REAL_BODIES)), draw(st.booleans()))
+    path = draw(st.sampled_from(list(_paths(document))))
+    parent: Any = document
+    for step in path[:-1]:
+        parent = parent[step]
+    new_type = draw(st.sampled_from(sorted(set(JSON_TYPES) - {_json_type(parent[path[-1]])})))
+    parent[path[-1]] = draw(OF_TYPE[new_type])
+    return document
+
+
+def _sent(document: dict[str, Any]) -> Any:
+    """What `check_answer` compares with: the body as the server decoded it."""
+    return orjson.loads(body(document))
+
+
+@FAST
+@given(document=retyped_real_bodies(), path=ENDPOINTS)
+def test_real_bodies_with_one_value_retyped(client: FlaskClient, document: dict[str, Any], path: str) -> None:
+    status, content_type, raw = send(client, path, body(document))
+    check_answer(status, content_type, raw, _sent(document), mutate_via(client))
+
+
+@pytest.fixture(scope="module")
+def aware_client() -> Iterator[FlaskClient]:
+    """The app with cluster awareness over the recorded cluster (tests/data/kube): the inventory checks run too."""
+    app = create_app(Settings(rules_poll_seconds=0, max_body_bytes=CAP, log_level="WARNING"),
+                     registry=CollectorRegistry(), inventory=RecordedCluster())
+    yield app.test_client()
+    server_of(app).store.stop()
+
+
+@FAST
+@given(document=retyped_real_bodies(), path=ENDPOINTS)
+def test_real_bodies_with_one_value_retyped_cluster_aware(aware_client: FlaskClient, document: dict[str, Any],
+                                                          path: str) -> None:
+    status, content_type, raw = send(aware_client, path, body(document))
+    check_answer(status, content_type, raw, _sent(document), mutate_via(aware_client))
+
+
+@WIRE
+@given(document=retyped_real_bodies(), path=ENDPOINTS)
+def test_wire_real_bodies_with_one_value_retyped(wire: Wire, document: dict[str, Any], path: str) -> None:
+    status, content_type, raw = wire.post(path, body(document))
+    check_answer(status, content_type, raw, _sent(document), wire.mutate_again())
+
+
+OPAQUE = frozenset({"managedFields"})  # the field managers' bookkeeping, never read (the property above samples it)
+ONE_OF_EACH_TYPE = {"object": {"nvidia.com/gpu": 0}, "list": [1, "a"], "string": "x", "number": 3, "bool": True,
+                    "null": None}
+
+
+@pytest.mark.parametrize("keep_namespace", [True, False], ids=["as-sent", "without-request-namespace"])
+@pytest.mark.parametrize("name", REAL_BODIES, ids=lambda p: f"{p.parent.name}/{p.stem}")
+def test_every_value_of_a_real_body_retyped(app: Flask, name: Path, keep_namespace: bool) -> None:
+    """Exhaustive where the property above samples: every value (but managedFields'), one of each other JSON
+    type, through the server's answer (parse, engine, patch, response), the patch applied; a 5xx is an exception."""
+    server = server_of(app)
+    original = _real_body(name, keep_namespace)
+    for path in _paths(original, skip=OPAQUE):
+        for new_type, value in ONE_OF_EACH_TYPE.items():
+            document = _real_body(name, keep_namespace)
+            parent: Any = document
+            for step in path[:-1]:
+                parent = parent[step]
+            if _json_type(parent[path[-1]]) == new_type:
+                continue
+            parent[path[-1]] = copy.deepcopy(value)
+            status, answer = server.answer("mutate", body(document))
+            check_answer(status, "application/json", orjson.dumps(answer), document)
+
+
+# Keys the engine, the inventory checks and the patch read (`.get("...")` in webhook/policy), and the label,
+# annotation and resource names of the packaged rules: absent from most real bodies, so inserted, not replaced.
+READ_KEYS = [
+    "affinity", "annotations", "apiVersion", "claims", "containers", "deviceClassName", "devices", "effect", "env",
+    "exactly", "firstAvailable", "generateName", "initContainers", "jobTemplate", "key", "kind", "labels", "limits",
+    "matchExpressions", "matchFields", "metadata", "name", "namespace", "nodeAffinity", "nodeName", "nodeSelector",
+    "nodeSelectorTerms", "operator", "ownerReferences", "priorityClassName", "requests",
+    "requiredDuringSchedulingIgnoredDuringExecution", "resourceClaimName", "resourceClaimTemplateName",
+    "resourceClaims", "resources", "restartPolicy", "runtimeClassName", "schedulerName", "spec", "template",
+    "tolerationSeconds", "tolerations", "value", "values", "gpu-webhook.io/class", "gpu-webhook.io/gpu-type",
+    "gpu-webhook.io/ignore", "gpu-webhook.io/workload", "kubernetes.io/config.mirror", "nvidia.com/gpu",
+    "nvidia.com/gpu.product", "nvidia.com/mig-1g.10gb", "amd.com/gpu", "NVIDIA_VISIBLE_DEVICES",
+]
+INSERTED = ["pod-create-from-replicaset-gpu", "deployment-create-gpu-template", "cronjob-create-gpu-mismatch",
+            "pod-update-label", "pod-create-sidecar-gpu"]
+
+
+def _objects(node: Any, path: tuple[str | int, ...] = ()) -> Iterator[tuple[str | int, ...]]:
+    if isinstance(node, dict):
+        yield path
+    children = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else ()
+    for key, child in children:
+        yield from _objects(child, (*path, key))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("keep_namespace", [True, False], ids=["as-sent", "without-request-namespace"])
+@pytest.mark.parametrize("name", INSERTED)
+def test_keys_the_engine_reads_inserted_with_every_type(name: str, keep_namespace: bool) -> None:
+    """Into every object of a real body, each key the engine reads, with a value of each JSON type, through the
+    cluster-aware server: about 10,000 answers a body (`-m slow`: minutes)."""
+    app = create_app(Settings(rules_poll_seconds=0, log_level="WARNING"), registry=CollectorRegistry(),
+                     inventory=RecordedCluster())
+    server = server_of(app)
+    try:
+        original = _real_body(REVIEWS / f"{name}.json", keep_namespace)
+        for path in _objects(original):
+            for key in READ_KEYS:
+                for value in (*ONE_OF_EACH_TYPE.values(), [{"name": "x"}], "1"):
+                    document = _real_body(REVIEWS / f"{name}.json", keep_namespace)
+                    target: Any = document
+                    for step in path:
+                        target = target[step]
+                    target[key] = copy.deepcopy(value)
+                    status, answer = server.answer("mutate", body(document))
+                    check_answer(status, "application/json", orjson.dumps(answer), document)
+    finally:
+        server.store.stop()
+
+
+@pytest.mark.parametrize(("endpoint"), ["/mutate", "/validate"])
+def test_object_namespace_of_another_type_is_a_400_naming_it(client: FlaskClient, endpoint: str) -> None:
+    """The body that gave a 500 (TypeError: unhashable dict) before metadata.namespace was read as a string."""
+    document = review("pod-create-from-replicaset-gpu")
+    document["request"].pop("namespace")
+    document["request"]["object"]["metadata"]["namespace"] = {"nvidia.com/gpu": 0}
+    document["request"]["object"]["spec"]["containers"][0]["terminationMessagePath"] = {"nvidia.com/gpu": 0}
+    status, content_type, raw = send(client, endpoint, body(document))
+    answer = check_answer(status, content_type, raw, document)
+    assert status == 400
+    assert answer["message"] == "request.object.metadata.namespace must be a string, got dict"
+
+
+def test_object_namespace_stands_in_for_a_missing_request_namespace(client: FlaskClient) -> None:
+    """Without `request.namespace` the object's own namespace is the one judged (an exempt one stays exempt)."""
+    document = review("pod-create-from-replicaset-gpu")
+    document["request"].pop("namespace")
+    document["request"]["object"]["metadata"]["namespace"] = "kube-system"
+    status, content_type, raw = send(client, "/mutate", body(document))
+    response = check_answer(status, content_type, raw, document)["response"]
+    assert response["allowed"] is True and "patch" not in response
 
 
 # --- long variants -----------------------------------------------------------------------------------

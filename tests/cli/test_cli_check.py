@@ -184,6 +184,16 @@ def test_wrongly_typed_field_is_reported_not_a_crash() -> None:
     assert result.returncode in (1, 2)
 
 
+def test_namespace_of_another_type_is_named_with_its_line() -> None:
+    text = ("apiVersion: v1\nkind: Pod\nmetadata: {name: p}\n---\napiVersion: v1\nkind: Pod\n"
+            "metadata: {name: q, namespace: {nvidia.com/gpu: 0}}\n"
+            "spec: {containers: [{name: a, image: x, resources: {limits: {nvidia.com/gpu: 1}}}]}\n")
+    result = check("-", stdin=text)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "<stdin>:5: metadata.namespace must be a string, got dict" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
 @pytest.mark.skipif(not REAL_MANIFESTS.is_dir(), reason=f"{REAL_MANIFESTS} is not present on this machine")
 def test_real_manifests() -> None:
     files = sorted(str(p) for p in REAL_MANIFESTS.glob("*.yaml"))

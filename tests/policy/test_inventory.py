@@ -375,3 +375,33 @@ def test_dra_pod_without_inventory_is_unchanged() -> None:
     assert judge(obj, None) == evaluate(POLICY, copy.deepcopy(obj), Context("ml-research"))
     assert judge(obj, None).edits == ()
     assert judge(obj, snap("t4-1", synced=False)).edits == (), "unknown templates: not a GPU Pod"
+
+
+RECORDED = {"nodes.json": 0, "runtimeclasses.json": 1, "namespaces.json": 2, "resourceclaimtemplates-v1.json": 3}
+OF_EACH_TYPE = ({"nvidia.com/gpu": 0}, [1, "a"], "x", 3, True, None)
+
+
+def _value_paths(node: Any, path: tuple[str | int, ...] = ()) -> list[tuple[str | int, ...]]:
+    children = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else ()
+    return [p for key, child in children for p in ((*path, key), *_value_paths(child, (*path, key)))]
+
+
+@pytest.mark.parametrize("recorded", list(RECORDED))
+def test_every_value_of_the_inventory_objects_retyped(recorded: str) -> None:
+    """Each value of each recorded object, one of each JSON type: the snapshot still builds, and a GPU Pod and a
+    DRA Pod are still judged over it (the inventory's objects come from the API server, but parse as anything)."""
+    lists = [items(name) for name in RECORDED]
+    at = RECORDED[recorded]
+    gpu, claims = pod(1, labels=TRAINING), dra_pod("single-gpu")
+    for i, obj in enumerate(lists[at]):
+        for path in _value_paths(obj):
+            for value in OF_EACH_TYPE:
+                changed = copy.deepcopy(obj)
+                parent: Any = changed
+                for step in path[:-1]:
+                    parent = parent[step]
+                parent[path[-1]] = value
+                objects = [*lists[at][:i], changed, *lists[at][i + 1:]]
+                snapshot = inventory.snapshot_from_api(*(objects if n == at else lists[n] for n in range(4)))
+                for judged in (gpu, claims):
+                    assert isinstance(judge(copy.deepcopy(judged), snapshot), Verdict)

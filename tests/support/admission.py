@@ -31,9 +31,12 @@ from cryptography.hazmat.primitives import hashes
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from webhook.admission import certs
+from webhook.policy import inventory
 
 DATA = Path(__file__).parents[1] / "data"
 REVIEWS = DATA / "admission-reviews"
+CAPTURED = Path(__file__).parents[1] / "e2e" / "captured"  # reviews the e2e control plane really sent
+KUBE = DATA / "kube"
 RULES = DATA / "rules"
 REPO = Path(__file__).parents[2]
 NOW = dt.datetime(2026, 6, 1, tzinfo=dt.UTC)
@@ -60,6 +63,29 @@ def with_uid(document: Mapping[str, Any], uid: str | None = None) -> dict[str, A
     fresh = copy.deepcopy(dict(document))
     fresh["request"]["uid"] = uid or str(uuid.uuid4())
     return fresh
+
+
+def kube_items(name: str) -> list[dict[str, Any]]:
+    """The items of a recorded List in tests/data/kube."""
+    items: list[dict[str, Any]] = json.loads((KUBE / name).read_text())["items"]
+    return items
+
+
+class RecordedCluster:
+    """The server's `Inventory` over the recorded cluster of tests/data/kube, always synced: the shape the live
+    caches (`webhook.cluster.kube.ClusterInventory`) hand the server, built by the same parsers from API JSON."""
+
+    def __init__(self) -> None:
+        self._snapshot = inventory.snapshot_from_api(
+            kube_items("nodes.json"), kube_items("runtimeclasses.json"), kube_items("namespaces.json"),
+            kube_items("resourceclaimtemplates-v1.json"))
+
+    @property
+    def synced(self) -> bool:
+        return True
+
+    def snapshot(self) -> inventory.Snapshot:
+        return self._snapshot
 
 
 # --- the kubelet's AtomicWriter layout ---------------------------------------------------------

@@ -157,9 +157,11 @@ def parse_review(body: bytes) -> AdmissionRequest:
         ),
         resource=_string(resource.get("resource"), "request.resource.resource"),
         sub_resource=_string(request.get("subResource"), "request.subResource"),
-        namespace=_string(request.get("namespace"), "request.namespace") or None,
-        name=_string(request.get("name"), "request.name") or _string(metadata.get("name"), "metadata.name"),
-        generate_name=_string(metadata.get("generateName"), "metadata.generateName"),
+        namespace=(_string(request.get("namespace"), "request.namespace")
+                   or _string(metadata.get("namespace"), "request.object.metadata.namespace") or None),
+        name=(_string(request.get("name"), "request.name")
+              or _string(metadata.get("name"), "request.object.metadata.name")),
+        generate_name=_string(metadata.get("generateName"), "request.object.metadata.generateName"),
         obj=obj,
         old_obj=_mapping(request.get("oldObject"), "request.oldObject"),
         dry_run=bool(dry_run),

@@ -127,8 +127,7 @@ def evaluate(policy: Policy, obj: Mapping[str, Any] | None, ctx: Context) -> Ver
     """Decide on one object (a Pod, a workload with a pod template, or anything else: allowed untouched)."""
     if not isinstance(obj, dict) or ctx.operation in ("DELETE", "CONNECT"):
         return Verdict()
-    metadata = pods.mapping(obj.get("metadata"))
-    namespace = ctx.namespace or metadata.get("namespace") or "default"
+    namespace = ctx.namespace or pods.string(pods.mapping(obj.get("metadata")).get("namespace")) or "default"
     if namespace in policy.exempt_namespaces:
         return Verdict(notes=(f"namespace {namespace} is exempt",))
     kind = obj.get("kind")

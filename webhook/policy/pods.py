@@ -69,6 +69,11 @@ def mapping(value: Any) -> Mapping[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
+def string(value: Any) -> str:
+    """`value` if it is a string, else "" (a field of another JSON type counts as absent)."""
+    return value if type(value) is str else ""
+
+
 def get(obj: Any, path: Path) -> Any:
     """The value at `path`, or None where any step is missing or of the wrong type."""
     node = obj
@@ -165,6 +170,7 @@ _SPEC_SHAPES: tuple[tuple[str, type, str], ...] = (
     ("initContainers", list, "a list"),
     ("affinity", dict, "a mapping"),
 )
+_META_STRINGS = ("name", "namespace", "generateName")
 _META_SHAPES: tuple[tuple[str, type, str], ...] = (("labels", dict, "a mapping"), ("annotations", dict, "a mapping"))
 
 
@@ -177,6 +183,10 @@ def shape_problems(obj: Mapping[str, Any]) -> list[str]:
     metadata = obj.get("metadata")
     if metadata is not None and not isinstance(metadata, dict):
         problems.append("metadata must be a mapping")
+    for name in _META_STRINGS:
+        value = mapping(metadata).get(name)
+        if value is not None and not isinstance(value, str):
+            problems.append(f"metadata.{name} must be a string, got {type(value).__name__}")
     for ref in pod_specs(obj):
         for name, kind, words in _SPEC_SHAPES:
             value = ref.spec.get(name)
@@ -185,7 +195,10 @@ def shape_problems(obj: Mapping[str, Any]) -> list[str]:
         meta = get(obj, ref.metadata_path)
         for name, kind, words in _META_SHAPES:
             value = meta.get(name) if isinstance(meta, dict) else None
+            where = render_path((*ref.metadata_path, name))
             if value is not None and not isinstance(value, kind):
-                where = render_path((*ref.metadata_path, name))
                 problems.append(f"{where} must be {words}, got {type(value).__name__}")
+            for key, item in mapping(value).items():
+                if not isinstance(item, str):  # `gpu: 1` unquoted in YAML: the API server wants a string
+                    problems.append(f"{where}[{key}] must be a string (quote it), got {type(item).__name__}")
     return problems
