@@ -305,7 +305,7 @@ DASHBOARD: dict[str, Any] = {
         _variable("job", "Job", 'label_values(gpu_webhook_reviews_total{namespace="$namespace"}, job)'),
     ]},
     "annotations": {"list": []},
-    "panels": PANELS,
+    "panels": [{"id": i, **panel} for i, panel in enumerate(PANELS, start=1)],
 }
 
 

@@ -9,6 +9,11 @@ ten minutes before (the denial-spike alert compares with the hour before the las
 evaluates the rules from minute -10 to +50 in 30 s steps, writing the alert states (ALERTS) back through remote
 write. Every scenario names the alerts (with severity) that must fire in its window, and every other alert must
 stay quiet there: each alert has a scenario that fires it and near misses that must not.
+
+The dashboard's queries (charts/gpu-webhook/files/dashboards/gpu-webhook.json, its Grafana variables filled in)
+are evaluated by the same VictoriaMetrics over a healthy install's series and dcgm-exporter's for two GPUs held by
+Pods, one idle: every panel has data, and the idle-GPU figures name the idle one. VictoriaMetrics' MetricsQL
+accepts PromQL and more, so this shows the queries are right on these series, not that Prometheus parses them.
 """
 
 from __future__ import annotations
@@ -265,3 +270,73 @@ def test_webhook_down_is_a_warning_when_the_validating_webhook_fails_open(evalua
     scenarios = {name: SCENARIOS[name] for name in ("all-replicas-down", "healthy")}
     fired = evaluator.fired(groups, scenarios, _base(days_ago=2))
     assert fired == {"all-replicas-down": {("GPUWebhookDown", "warning")}, "healthy": set()}
+
+
+# ------------------------------------------------------------------------------------------------ dashboard
+
+DASHBOARD = REPO / "charts" / "gpu-webhook" / "files" / "dashboards" / "gpu-webhook.json"
+GRAFANA_VARIABLES = {"$job": SERVICE, "$namespace": NAMESPACE, "$__rate_interval": "2m"}
+IDLE_POD, BUSY_POD = "notebook-0", "trainer-0"
+
+
+def dashboard_extras(event: int) -> str:
+    """Series the alerts do not read, for the dashboard's other panels: latency buckets, findings, 4xx answers,
+    and dcgm-exporter's utilisation and memory of two GPUs held by Pods (one idle, one busy)."""
+    lines = []
+    for step, t in enumerate(range(event - BEFORE * 60, event + AFTER * 60 + 1, STEP)):
+        ms, n = t * 1000, step + 1
+        for pod, name in enumerate(OLD_PODS):
+            target = (f'job="{SERVICE}", namespace="{NAMESPACE}", service="{SERVICE}", pod="{name}", '
+                      f'container="webhook", instance="10.42.0.{pod + 10}:9090"')
+            for le, share in (("0.001", 0.5), ("0.005", 0.9), ("0.01", 0.99), ("+Inf", 1.0)):
+                lines.append(f'gpu_webhook_review_duration_seconds_bucket{{{target}, endpoint="validate", '
+                             f'le="{le}"}} {round(REVIEWS_PER_STEP * n * share)} {ms}')
+            lines.append(f'gpu_webhook_rule_findings_total{{{target}, endpoint="validate", '
+                         f'rule="gpu-limits-required", effect="deny"}} {n} {ms}')
+            lines.append(f'gpu_webhook_bad_requests_total{{{target}, endpoint="mutate", code="400"}} {n // 10} {ms}')
+        for gpu, (pod_name, util, used) in enumerate(((IDLE_POD, 0, 1625), (BUSY_POD, 80, 61000))):
+            labels = (f'gpu="{gpu}", UUID="GPU-0000000{gpu}-aaaa-bbbb-cccc-dddddddddddd", modelName="NVIDIA H200", '
+                      f'Hostname="gpu-node-1", namespace="ml-research", pod="{pod_name}", container="cuda"')
+            lines.append(f"DCGM_FI_DEV_GPU_UTIL{{{labels}}} {util} {ms}")
+            lines.append(f"DCGM_FI_DEV_FB_USED{{{labels}}} {used} {ms}")
+    return "\n".join(lines) + "\n"
+
+
+def instant(victoria: VictoriaMetrics, expr: str, at: int) -> list[dict[str, object]]:
+    query = urllib.parse.urlencode({"query": expr, "time": at})
+    with urllib.request.urlopen(f"{victoria.url}/api/v1/query?{query}", timeout=30) as answer:
+        body = json.loads(answer.read())
+    assert body["status"] == "success", f"{expr}: {body}"
+    result: list[dict[str, object]] = body["data"]["result"]
+    return result
+
+
+def test_dashboard_queries_evaluate_and_show_the_idle_gpu(evaluator: Evaluator) -> None:
+    """Every panel's query, its Grafana variables filled in, evaluates to data over a healthy install's series."""
+    event = _base(days_ago=12)
+    evaluator.victoria.backfill(exposition(SCENARIOS["healthy"], event) + dashboard_extras(event))
+    time.sleep(1)
+    at = event + 30 * 60
+    panels = {p["title"]: p for p in json.loads(DASHBOARD.read_text())["panels"] if p["type"] != "row"}
+    results: dict[str, list[list[dict[str, object]]]] = {}
+    for title, panel in panels.items():
+        exprs = [target["expr"] for target in panel["targets"]]
+        for variable, value in GRAFANA_VARIABLES.items():
+            exprs = [expr.replace(variable, value) for expr in exprs]
+        results[title] = [instant(evaluator.victoria, expr, at) for expr in exprs]
+    empty = [title for title, answers in results.items() if not all(answers)]
+    assert not empty, f"panels with no data over a healthy install with dcgm-exporter: {empty}"
+
+    def value(title: str) -> float:
+        (only,) = results[title][0]
+        return float(only["value"][1])  # type: ignore[index]
+
+    assert value("Allocated GPUs idle for the last hour") == 1
+    assert value("Allocated GPUs") == 2
+    assert [row["metric"]["pod"] for row in results["Idle GPUs by Pod (p95 utilisation over 1 h below 1 %)"][0]] \
+        == [IDLE_POD]  # type: ignore[index]
+    assert value("Denied share of /validate reviews") == pytest.approx(0.02)
+    assert value("Serving certificate expires in") == pytest.approx(60 * 86400 - 30 * 60, abs=60)
+    by_decision = {row["metric"]["decision"]: float(row["value"][1])  # type: ignore[index]
+                   for row in results["Reviews per second by decision"][0]}
+    assert by_decision == pytest.approx({"allow": 2 * 49 / STEP, "deny": 2 * 1 / STEP})
