@@ -42,7 +42,8 @@ NAMESPACE = "gpu-system"
 WEBHOOK_KINDS = ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration")
 PACKAGED_RULES = load_policy(REPO / "rules")
 COMPONENTS_ON = {"clusterAwareness": {"enabled": True}, "serviceMonitor": {"enabled": True},
-                 "runtimeClass": {"create": True}}
+                 "runtimeClass": {"create": True},
+                 "monitoring": {"dashboard": {"enabled": True}, "prometheusRule": {"enabled": True}}}
 
 Doc = dict[str, Any]
 
@@ -157,13 +158,16 @@ def variants(certs: Path) -> dict[str, Doc]:
         "cluster-awareness": {"clusterAwareness": {"enabled": True}},
         "servicemonitor": {"serviceMonitor": {"enabled": True, "labels": {"release": "kube-prometheus-stack"}}},
         "runtimeclass": {"runtimeClass": {"create": True}},
+        "monitoring": {"monitoring": {"dashboard": {"enabled": True, "labels": {"grafana_dashboard": "1"}},
+                                      "prometheusRule": {"enabled": True,
+                                                         "labels": {"release": "kube-prometheus-stack"}}}},
         "namespace": {"namespace": {"create": True}},
         "all-components": copy.deepcopy(COMPONENTS_ON),
     }
 
 
 VARIANT_NAMES = ["default", "cert-manager-issuer", "generate", "provided", "provided-existing-secret", "url",
-                 "cluster-awareness", "servicemonitor", "runtimeclass", "namespace", "all-components"]
+                 "cluster-awareness", "servicemonitor", "runtimeclass", "monitoring", "namespace", "all-components"]
 
 
 @pytest.fixture(scope="session")
@@ -178,6 +182,7 @@ SERVER = {("ServiceAccount", RELEASE), ("ConfigMap", "gpu-webhook-rules"), ("Ser
 HOOKS = {(kind, RELEASE) for kind in WEBHOOK_KINDS}
 CERT_MANAGER = {("Issuer", "gpu-webhook-selfsigned"), ("Certificate", "gpu-webhook-ca"),
                 ("Issuer", "gpu-webhook-ca"), ("Certificate", "gpu-webhook-serving")}
+MONITORING = {("ConfigMap", "gpu-webhook-dashboard"), ("PrometheusRule", RELEASE)}
 RBAC = {("ClusterRole", "gpu-webhook-cluster-awareness"), ("ClusterRoleBinding", "gpu-webhook-cluster-awareness")}
 EXPECTED_OBJECTS: dict[str, set[tuple[str, str]]] = {
     "default": SERVER | HOOKS | CERT_MANAGER,
@@ -189,8 +194,10 @@ EXPECTED_OBJECTS: dict[str, set[tuple[str, str]]] = {
     "cluster-awareness": SERVER | HOOKS | CERT_MANAGER | RBAC,
     "servicemonitor": SERVER | HOOKS | CERT_MANAGER | {("ServiceMonitor", RELEASE)},
     "runtimeclass": SERVER | HOOKS | CERT_MANAGER | {("RuntimeClass", "nvidia")},
+    "monitoring": SERVER | HOOKS | CERT_MANAGER | MONITORING,
     "namespace": SERVER | HOOKS | CERT_MANAGER | {("Namespace", NAMESPACE)},
-    "all-components": SERVER | HOOKS | CERT_MANAGER | RBAC | {("ServiceMonitor", RELEASE), ("RuntimeClass", "nvidia")},
+    "all-components": SERVER | HOOKS | CERT_MANAGER | RBAC | MONITORING
+                      | {("ServiceMonitor", RELEASE), ("RuntimeClass", "nvidia")},
 }
 
 
@@ -531,7 +538,8 @@ def test_chart_and_kustomize_do_not_drift(chart: Helm, kubectl: Path, tmp_path: 
         "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
         "resources": ["../../manifests/overlays/cert-manager"],
         "components": [f"../../manifests/components/{c}"
-                       for c in ("servicemonitor", "runtimeclass-nvidia", "cluster-awareness")],
+                       for c in ("servicemonitor", "runtimeclass-nvidia", "cluster-awareness", "grafana-dashboard",
+                                 "prometheus-rule")],
     }))
     pairs = {
         "defaults": (chart.template(), _kustomize(kubectl, tmp_path / "manifests/overlays/cert-manager")),

@@ -31,7 +31,7 @@ NAMESPACE = "gpu-system"
 NAME = "gpu-webhook"
 SYSTEM_NAMESPACES = ("kube-system", "kube-node-lease")
 OPT_OUT_LABEL = "gpu-webhook.io/ignore"
-COMPONENTS = ("servicemonitor", "runtimeclass-nvidia", "cluster-awareness")
+COMPONENTS = ("servicemonitor", "runtimeclass-nvidia", "cluster-awareness", "grafana-dashboard", "prometheus-rule")
 GUNICORN_GRACEFUL_TIMEOUT = 20  # seconds; the server's drain time (webhook/admission/settings.py when it exists)
 
 pytestmark = pytest.mark.skipif(
@@ -145,6 +145,13 @@ def only(docs: list[dict[str, Any]], kind: str, name: str | None = None) -> dict
     return found[0]
 
 
+def rules_configmap(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The rules ConfigMap (its name has kustomize's hash suffix); the dashboard component adds another."""
+    found = [d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"].startswith("gpu-webhook-rules")]
+    assert len(found) == 1, f"expected exactly one ConfigMap gpu-webhook-rules-<hash>, found {len(found)}"
+    return found[0]
+
+
 def deployment(docs: list[dict[str, Any]]) -> dict[str, Any]:
     return only(docs, "Deployment", NAME)
 
@@ -227,8 +234,9 @@ def test_variant_renders_the_expected_objects(rendered: dict[str, list[dict[str,
         expected |= {("ServiceMonitor", NAME), ("RuntimeClass", "nvidia")}
         expected |= {("ClusterRole", "gpu-webhook-cluster-awareness")}
         expected |= {("ClusterRoleBinding", "gpu-webhook-cluster-awareness")}
+        expected |= {("ConfigMap", "gpu-webhook-dashboard"), ("PrometheusRule", NAME)}
     assert expected <= kinds, f"missing: {expected - kinds}"
-    configmaps = [n for k, n in kinds if k == "ConfigMap"]
+    configmaps = [n for k, n in kinds if k == "ConfigMap" and n != "gpu-webhook-dashboard"]
     assert len(configmaps) == 1 and configmaps[0].startswith("gpu-webhook-rules")
     assert len(kinds) == len(expected) + 1, f"unexpected objects: {kinds - expected}"
 
@@ -269,7 +277,7 @@ def test_strict_validation_rejects_a_misspelled_field(rendered: dict[str, list[d
 def test_only_known_crd_objects_skip_schema_validation(rendered: dict[str, list[dict[str, Any]]], variant: str) -> None:
     crd = sorted((d["apiVersion"], d["kind"]) for d in rendered[variant] if group_of(d) in CRD_GROUPS)
     allowed = {("cert-manager.io/v1", "Issuer"), ("cert-manager.io/v1", "Certificate")}
-    allowed.add(("monitoring.coreos.com/v1", "ServiceMonitor"))
+    allowed |= {("monitoring.coreos.com/v1", "ServiceMonitor"), ("monitoring.coreos.com/v1", "PrometheusRule")}
     assert set(crd) <= allowed
 
 
@@ -569,7 +577,7 @@ def test_command_and_mounts(rendered: dict[str, list[dict[str, Any]]], variant: 
     volumes = {v["name"]: v for v in deployment(docs)["spec"]["template"]["spec"]["volumes"]}
     mounts = {m["mountPath"]: m for m in c["volumeMounts"]}
     rules = volumes[mounts["/etc/gpu-webhook/rules"]["name"]]
-    configmap = only(docs, "ConfigMap")
+    configmap = rules_configmap(docs)
     assert rules["configMap"]["name"] == configmap["metadata"]["name"]
     assert "items" not in rules["configMap"], "mount every rule file, not a chosen subset"
     assert tls_secret_name(docs) == "gpu-webhook-tls"
@@ -623,7 +631,7 @@ def test_rules_directory_holds_no_kustomization_the_loader_would_read() -> None:
 
 @pytest.mark.parametrize("variant", DEPLOYABLE)
 def test_configmap_carries_every_rule_file_verbatim(rendered: dict[str, list[dict[str, Any]]], variant: str) -> None:
-    data = only(rendered[variant], "ConfigMap")["data"]
+    data = rules_configmap(rendered[variant])["data"]
     assert rule_files(), "rules/ has no rule file"
     assert data == {p.name: p.read_text() for p in rule_files()}
 
@@ -639,7 +647,7 @@ def test_a_rule_edit_applied_with_kustomize_rolls_the_pods(tmp_path: Path) -> No
 
     def names() -> tuple[str, str]:
         objects = _kustomize(overlay)
-        config_map = only(objects, "ConfigMap")["metadata"]["name"]
+        config_map = rules_configmap(objects)["metadata"]["name"]
         volumes = only(objects, "Deployment")["spec"]["template"]["spec"]["volumes"]
         mounted = next(v["configMap"]["name"] for v in volumes if "configMap" in v)
         return config_map, mounted

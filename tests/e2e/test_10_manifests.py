@@ -22,6 +22,7 @@ STAND_IN_CRDS = [
     ("cert-manager.io", "Certificate", "certificates"),
     ("cert-manager.io", "Issuer", "issuers"),
     ("monitoring.coreos.com", "ServiceMonitor", "servicemonitors"),
+    ("monitoring.coreos.com", "PrometheusRule", "prometheusrules"),
 ]
 
 
@@ -53,7 +54,8 @@ def tree(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Path:
         "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
         "resources": ["../self-managed"],
         "components": ["../../components/servicemonitor", "../../components/runtimeclass-nvidia",
-                       "../../components/cluster-awareness"],
+                       "../../components/cluster-awareness", "../../components/prometheus-rule",
+                       "../../components/grafana-dashboard"],
     }))
     cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump_all([_crd(*c) for c in STAND_IN_CRDS]))
     for _, _, plural in STAND_IN_CRDS:
