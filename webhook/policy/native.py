@@ -409,12 +409,16 @@ def params_object(policy: Policy) -> Json:
 
 
 def hybrid_match_conditions(policy: Policy) -> list[Json]:
-    """The matchConditions that narrow the *mutating* webhook, in hybrid mode, to the Pods native mode defers:
+    """The matchConditions that narrow the *mutating* webhook, in hybrid mode, to the Pods native mode defers (and
+    anything not a Pod, as DRA claims and templates):
     required node affinity, or a GPU resource with `validFor` (compiled from the rules: a webhook's match
     conditions cannot read params). The validating webhook keeps every GPU Pod: the cluster-aware rules."""
     patterns = [_resource_regex(r.pattern) for r in policy.resources if r.valid_for]
     resources = " || ".join(f"r.matches(r'{p}')" for p in patterns) or "false"  # CEL raw strings
     deferred = (
+        # Not a Pod (a DRA claim or template, placed by the webhook alone): always sent; CEL's `||` is true when
+        # either side is, so the Pod fields below, absent from a claim, are not an error then.
+        "request.resource.resource != 'pods' || "
         "(has(object.spec.affinity) && has(object.spec.affinity.nodeAffinity) && "
         "has(object.spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution)) || "
         "(object.spec.containers + (has(object.spec.initContainers) ? object.spec.initContainers : [])).exists(c, "
