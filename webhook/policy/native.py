@@ -70,6 +70,17 @@ WEBHOOK_ONLY: dict[str, str] = {
     "gpu-inventory-unavailable": "is about the webhook's own inventory cache",
     "gpu-class-missing": "guards against the mutating webhook being skipped (failurePolicy Ignore); the mutating "
                          "policy runs in-process and fails closed, so there is nothing to guard",
+    # DRA (docs/dra.md): not compiled yet. The per-request checks could be CEL on resourceclaims and
+    # resourceclaimtemplates with the params; the Pod-level ones read the Pod's claim templates, another object.
+    "dra-claim-max": "judged on ResourceClaims and ResourceClaimTemplates, which no native policy matches yet",
+    "dra-allocation-all": "judged on ResourceClaims and ResourceClaimTemplates, which no native policy matches yet",
+    "dra-admin-access": "judged on ResourceClaims and ResourceClaimTemplates, which no native policy matches yet",
+    "dra-class-not-allowed": "judged on ResourceClaims and ResourceClaimTemplates, which no native policy matches "
+                             "yet",
+    "dra-selector-conflict": "judged on ResourceClaims and ResourceClaimTemplates, which no native policy matches "
+                             "yet",
+    "dra-pod-max": "needs the Pod's ResourceClaimTemplates; CEL cannot read other objects",
+    "dra-double-allocation": "needs the Pod's ResourceClaimTemplates (CEL cannot read other objects)",
 }
 # Class choices the table cannot key on: Pods with these go to the webhook (hybrid) or get no class (native).
 DEFERRED = {
