@@ -277,3 +277,14 @@ def test_check_nodes_usage_errors(tmp_path: Path, nodes: str, stdin: str | None,
     result = check(*args, stdin=SEED % 1 if stdin else None)
     assert result.returncode == 2 and message in result.stderr, result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_check_judges_and_places_claim_templates() -> None:
+    code, results = as_json(m("dra-claim-templates.yaml"))
+    assert code == 1
+    big, ok = results
+    assert (big["name"], big["allowed"], big["gpus"]) == ("big", False, 12)
+    assert sorted(v["rule"] for v in big["violations"]) == ["dra-admin-access", "dra-claim-max"]
+    assert (ok["name"], ok["allowed"], ok["class"]) == ("ok", True, "workload=inference,gpu-type=t4")
+    assert ok["patch"] == [{"op": "add", "path": "/spec/spec/devices/requests/0/exactly/selectors", "value": [
+        {"cel": {"expression": 'device.attributes["gpu.nvidia.com"].productName.lowerAscii().contains("t4")'}}]}]

@@ -29,6 +29,10 @@ ENGINE_RULES = frozenset({
     "gpu-class-not-allowed", "gpu-class-conflict", "gpu-class-missing", "gpu-env-without-request",
     "gpu-runtime-without-request", "gpu-toleration-without-request", "gpu-node-name-preset", "gpu-class-skipped",
     "gpu-time-sliced-max",  # judged against the case's `nodes`
+    # DRA claims and templates (tests/rule-cases/dra); dra-pod-max and dra-double-allocation against the case's
+    # `nodes`, which also hold the ResourceClaimTemplates the Pods name
+    "dra-claim-max", "dra-pod-max", "dra-allocation-all", "dra-admin-access", "dra-class-not-allowed",
+    "dra-selector-conflict", "dra-double-allocation",
 })
 CASES = REPO / "tests" / "rule-cases"
 FAILING = REPO / "tests" / "data" / "failing-rule-cases"

@@ -386,7 +386,9 @@ def test_webhook_trust_anchor(case: HookCase, work: Path) -> None:
 @pytest.mark.parametrize(
     ("kind", "expected"),
     [
-        pytest.param("MutatingWebhookConfiguration", {("", "v1", "pods", "CREATE")}, id="mutating"),
+        pytest.param("MutatingWebhookConfiguration",
+                     {("", "v1", "pods", "CREATE"), ("resource.k8s.io", "v1", "resourceclaims", "CREATE"),
+                      ("resource.k8s.io", "v1", "resourceclaimtemplates", "CREATE")}, id="mutating"),
         pytest.param(
             "ValidatingWebhookConfiguration",
             {("", "v1", "pods", "CREATE")}
@@ -396,6 +398,7 @@ def test_webhook_trust_anchor(case: HookCase, work: Path) -> None:
                     "apps": ("deployments", "replicasets", "statefulsets", "daemonsets"),
                     "batch": ("jobs", "cronjobs"),
                     "": ("replicationcontrollers", "podtemplates"),
+                    "resource.k8s.io": ("resourceclaims", "resourceclaimtemplates"),
                 }.items()
                 for resource in resources
                 for op in ("CREATE", "UPDATE")

@@ -27,6 +27,7 @@ from webhook.admission.policy_store import PolicyStore
 from webhook.admission.review import AdmissionRequest, Decision, ReviewError, build_response, error_status, parse_review
 from webhook.admission.settings import Settings
 from webhook.admission.tls import Loaded, ServingTls
+from webhook.policy.claims import CLAIM_KINDS
 from webhook.policy.engine import Context, evaluate
 from webhook.policy.findings import Mode, Verdict
 from webhook.policy.inventory import REFUSED_AT_START, Snapshot
@@ -100,7 +101,8 @@ class AdmissionServer:
 
     def _record(self, mode: Mode, req: AdmissionRequest, verdict: Verdict, outcome: str,
                 seconds: float) -> None:
-        kind = req.kind.kind if req.kind.kind in KNOWN_KINDS else "other"  # a bounded label set
+        known = req.kind.kind in KNOWN_KINDS or req.kind.kind in CLAIM_KINDS
+        kind = req.kind.kind if known else "other"  # a bounded label set
         findings = [(f.rule, f.enforcement) for f in (*verdict.violations, *verdict.warnings)]  # deny, then warn
         self.metrics.review(mode, kind, outcome, findings, seconds)
         if log.isEnabledFor(logging.INFO):

@@ -127,7 +127,8 @@ def snapshot_from_objects(policy: Policy, source: str, objects: Sequence[Mapping
         if named:
             notes.append(f"{source} has no RuntimeClass: taken to exist: {', '.join(named)} (add "
                          "`kubectl get runtimeclasses -o json` to the dump to check them)")
-    snapshot = inv.snapshot_from_api(by_kind["Node"], runtime_classes, by_kind.get("Namespace", ()))
+    snapshot = inv.snapshot_from_api(by_kind["Node"], runtime_classes, by_kind.get("Namespace", ()),
+                                     by_kind.get("ResourceClaimTemplate", ()))
     return NodeDump(snapshot, tuple(notes))
 
 

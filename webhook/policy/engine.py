@@ -26,7 +26,8 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any, Literal, NamedTuple
 
-from webhook.policy import inventory, pods, quantity, selection
+from webhook.policy import claims, inventory, pods, quantity, selection
+from webhook.policy.dra_rules import NamespaceDRA
 from webhook.policy.findings import Edit, Finding, Mode, Operation, Verdict
 from webhook.policy.inventory import Snapshot
 from webhook.policy.pods import ContainerRef, PodSpecRef, render_path
@@ -131,6 +132,8 @@ def evaluate(policy: Policy, obj: Mapping[str, Any] | None, ctx: Context) -> Ver
     if namespace in policy.exempt_namespaces:
         return Verdict(notes=(f"namespace {namespace} is exempt",))
     kind = obj.get("kind")
+    if claims.is_claim(obj):
+        return _evaluate_claim(policy, obj, namespace, ctx)
     if kind == "Pod" and ctx.operation == "UPDATE":
         return Verdict(notes=("Pod updates cannot change placement or resources; not judged",))
     specs = pods.pod_specs(obj)
@@ -192,6 +195,8 @@ def _evaluate_spec(policy: Policy, obj: Mapping[str, Any], ref: PodSpecRef, name
     if chosen is None:
         return None, gpus
     _check_class_fit(policy, ref, chosen, per_resource, gpus, out)
+    if policy.gpu_device_classes:
+        _check_pod_claims(policy, ref, namespace, ctx, chosen, gpus, out)
     if ref.spec_path == ("spec",) and isinstance(ref.spec.get("nodeName"), str) and ref.spec.get("nodeName"):
         out.add("gpu-node-name-preset",
                 f"spec.nodeName={ref.spec['nodeName']!r} bypasses the scheduler's GPU accounting; remove it "
@@ -868,3 +873,93 @@ def _require_class(ref: PodSpecRef, chosen: ChosenClass, edits: Sequence[Edit], 
                 f"the Pod lacks what class {chosen.name} requires: {', '.join(missing)}; the mutating webhook "
                 "mutate.gpu-webhook.io adds these and was skipped (it fails open): re-create the Pod, or add "
                 "them to its spec")
+
+
+# --------------------------------------------------------------------------------------------- DRA claims
+
+
+def _evaluate_claim(policy: Policy, obj: Mapping[str, Any], namespace: str, ctx: Context) -> Verdict:
+    """A ResourceClaim or ResourceClaimTemplate (`webhook.policy.claims`): its class is chosen as a Pod's is (its
+    labels, then the defaults), its GPU requests judged, and at CREATE the class's selectors added."""
+    claim = claims.parse(obj)
+    if claim.generated:
+        return Verdict(notes=(f"{claim.describe()} was generated for a Pod (its template or the Pod was judged); "
+                              "not judged",))
+    if ctx.operation == "UPDATE" and ctx.old_object is not None and ctx.old_object.get("spec") == obj.get("spec"):
+        return Verdict(notes=("the claim's spec is unchanged by this update; not judged",))
+    if not claim.gpu_asks(policy):
+        return Verdict()
+    out = _Collector(policy)
+    ref = PodSpecRef(("spec",), ("metadata",), {}, {"labels": claim.labels}, claim.kind == "ResourceClaimTemplate")
+    classed = any(policy.dra.is_classed(a.device_class) for a in claim.gpu_asks(policy))
+    chosen = _choose_class(policy, ref, namespace, ctx, {}, out) if classed else None
+    view = _claim_class(policy, chosen) if chosen is not None else None
+    ns_dra = _namespace_dra(policy, namespace, ctx)
+    for rule, message in claims.check(policy, claim, namespace, ns_dra.device_classes, ns_dra.max_devices,
+                                      ns_dra.allow_all, view):
+        out.add(rule, message)
+    if chosen is not None and view is not None:
+        out.classes.append(chosen)
+        if ctx.mode == "mutate" and ctx.operation == "CREATE":
+            out.edits.extend(claims.placement_edits(policy, claim, view))
+    violations = tuple(f for f in out.findings if f.enforcement == "deny")
+    return Verdict(violations=violations, warnings=tuple(f for f in out.findings if f.enforcement == "warn"),
+                   edits=() if violations else tuple(out.edits), gpu_class=chosen.name if chosen else None,
+                   gpus=claim.gpu_devices(policy), classes=tuple(out.classes))
+
+
+def _namespace_dra(policy: Policy, namespace: str, ctx: Context) -> NamespaceDRA:
+    ns_labels = ctx.namespace_labels
+    if ns_labels is None and ctx.inventory is not None:
+        ns_labels = ctx.inventory.namespace_labels(namespace)
+    ns_policy = policy.namespace_policy(namespace, labels=ns_labels)
+    return ns_policy.dra if ns_policy is not None else NamespaceDRA()
+
+
+def _claim_class(policy: Policy, chosen: ChosenClass) -> claims.ClaimClass:
+    """The chosen class as `webhook.policy.claims` reads it: its cap, and the selectors of its values and others'."""
+    mine: dict[str, list[tuple[str, str]]] = {}
+    for source, contribution, _ in chosen.contributions():
+        for device_class, expression in contribution.device_selectors.items():
+            mine.setdefault(device_class, []).append((source, expression))
+    picked = {(p.axis.name, p.value) for p in chosen.picks}
+    others: dict[str, dict[str, str]] = {}
+    for axis in policy.axes:
+        for value, contribution in axis.values.items():
+            if (axis.name, value) in picked:
+                continue
+            for device_class, expression in contribution.device_selectors.items():
+                if expression not in {e for _, e in mine.get(device_class, ())}:
+                    others.setdefault(device_class, {})[expression] = f"{axis.name} {value}"
+    return claims.ClaimClass(chosen.name, _plan(policy, chosen).cap, {k: tuple(v) for k, v in mine.items()}, others)
+
+
+def _check_pod_claims(policy: Policy, ref: PodSpecRef, namespace: str, ctx: Context, chosen: ChosenClass, gpus: int,
+                      out: _Collector) -> None:
+    """A GPU Pod's DRA side: GPU extended resources and GPU claims together (one GPU handed out twice), and the
+    GPU devices of its claims' templates (known from the inventory) within the maxima."""
+    templates = inventory.gpu_claim_templates(policy, ctx.inventory, namespace, ref.spec) if ctx.inventory else []
+    implicit = claims.implicit_classes(policy, ref.spec)
+    if gpus > 0 and (templates or implicit):
+        via = [f"claim {claims.shown(name)} (ResourceClaimTemplate {claims.shown(t.name)})" for name, t in templates]
+        via += [f"{claims.EXTENDED_PREFIX}{c}" for c in implicit]
+        out.add("dra-double-allocation",
+                f"{render_path(ref.spec_path)} asks for GPUs as extended resources ({gpus}) and also for GPU devices "
+                f"through {', '.join(via)}: the device plugin and the DRA driver may hand out the same GPU, or the "
+                "Pod gets more GPUs than meant; ask for GPUs one way only (the claims, or the resource)")
+    if not templates:
+        return
+    total = claims.pod_devices(policy, [t for _, t in templates])
+    view = _claim_class(policy, chosen)
+    ns_dra = _namespace_dra(policy, namespace, ctx)
+    classes = {a.device_class for _, t in templates for a in t.gpu_asks(policy)}
+    only = next(iter(classes)) if len(classes) == 1 else ""
+    over = [(most, source) for most, source in claims.limits(policy, namespace, ns_dra.max_devices, only, view)
+            if total > most]
+    if over:
+        most, source = min(over)
+        names = ", ".join(claims.shown(name) for name, _ in templates)
+        out.add("dra-pod-max",
+                f"{render_path(ref.spec_path)}.resourceClaims ({names}) ask for up to {total} GPU devices "
+                f"together but at most {most} are allowed (set by {source}); use fewer claims, or ask for fewer "
+                "devices in their templates")

@@ -22,7 +22,8 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from webhook.policy import quantity
+from webhook.policy import claims, quantity
+from webhook.policy.claims import Claim
 from webhook.policy.findings import Edit
 from webhook.policy.node_index import SHOWN, NodeIndex, NodeList, NodeView, Query, Summary, canonical
 from webhook.policy.pods import Path, mapping
@@ -106,6 +107,7 @@ class ClaimTemplate:
     namespace: str
     name: str
     device_classes: tuple[str, ...] = ()
+    claim: Claim | None = None  # its requests, counts and selectors (webhook.policy.claims)
 
 
 @dataclass(frozen=True)
@@ -231,7 +233,8 @@ def claim_template_from_api(obj: Mapping[str, Any]) -> ClaimTemplate:
             device_class = candidate.get("deviceClassName")
             if isinstance(device_class, str) and device_class and device_class not in classes:
                 classes.append(device_class)
-    return ClaimTemplate(namespace, name, tuple(classes))
+    parsed = claims.parse({**obj, "kind": "ResourceClaimTemplate"}) if isinstance(obj, dict) else None
+    return ClaimTemplate(namespace, name, tuple(classes), parsed)
 
 
 # --------------------------------------------------------------------------------------------- scheduling
@@ -736,3 +739,19 @@ def gpu_claims(policy: Policy, snapshot: Snapshot, namespace: str, spec: Mapping
         if classes:
             found.append(f"{claim.get('name')} (ResourceClaimTemplate {template.name}: {', '.join(classes)})")
     return tuple(found)
+
+
+def gpu_claim_templates(policy: Policy, snapshot: Snapshot, namespace: str,
+                        spec: Mapping[str, Any]) -> list[tuple[str, Claim]]:
+    """(the Pod's claim name, its template) for each of the Pod's claims whose template asks for GPU devices."""
+    if not policy.gpu_device_classes or not snapshot.synced:
+        return []
+    found: list[tuple[str, Claim]] = []
+    for claim in _list(spec.get("resourceClaims")):
+        claim = mapping(claim)
+        template_name = claim.get("resourceClaimTemplateName") or mapping(claim.get("source")).get(
+            "resourceClaimTemplateName")
+        template = snapshot.claim_templates.get((namespace, str(template_name))) if template_name else None
+        if template is not None and template.claim is not None and template.claim.gpu_asks(policy):
+            found.append((str(claim.get("name")), template.claim))
+    return found

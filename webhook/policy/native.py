@@ -70,6 +70,17 @@ WEBHOOK_ONLY: dict[str, str] = {
     "gpu-inventory-unavailable": "is about the webhook's own inventory cache",
     "gpu-class-missing": "guards against the mutating webhook being skipped (failurePolicy Ignore); the mutating "
                          "policy runs in-process and fails closed, so there is nothing to guard",
+    # DRA (docs/dra.md): not compiled yet. The per-request checks could be CEL on resourceclaims and
+    # resourceclaimtemplates with the params; the Pod-level ones read the Pod's claim templates, another object.
+    "dra-claim-max": "judged on ResourceClaims and ResourceClaimTemplates, which no native policy matches yet",
+    "dra-allocation-all": "judged on ResourceClaims and ResourceClaimTemplates, which no native policy matches yet",
+    "dra-admin-access": "judged on ResourceClaims and ResourceClaimTemplates, which no native policy matches yet",
+    "dra-class-not-allowed": "judged on ResourceClaims and ResourceClaimTemplates, which no native policy matches "
+                             "yet",
+    "dra-selector-conflict": "judged on ResourceClaims and ResourceClaimTemplates, which no native policy matches "
+                             "yet",
+    "dra-pod-max": "needs the Pod's ResourceClaimTemplates; CEL cannot read other objects",
+    "dra-double-allocation": "needs the Pod's ResourceClaimTemplates (CEL cannot read other objects)",
 }
 # Class choices the table cannot key on: Pods with these go to the webhook (hybrid) or get no class (native).
 DEFERRED = {
@@ -409,12 +420,16 @@ def params_object(policy: Policy) -> Json:
 
 
 def hybrid_match_conditions(policy: Policy) -> list[Json]:
-    """The matchConditions that narrow the *mutating* webhook, in hybrid mode, to the Pods native mode defers:
+    """The matchConditions that narrow the *mutating* webhook, in hybrid mode, to the Pods native mode defers (and
+    anything not a Pod, as DRA claims and templates):
     required node affinity, or a GPU resource with `validFor` (compiled from the rules: a webhook's match
     conditions cannot read params). The validating webhook keeps every GPU Pod: the cluster-aware rules."""
     patterns = [_resource_regex(r.pattern) for r in policy.resources if r.valid_for]
     resources = " || ".join(f"r.matches(r'{p}')" for p in patterns) or "false"  # CEL raw strings
     deferred = (
+        # Not a Pod (a DRA claim or template, placed by the webhook alone): always sent; CEL's `||` is true when
+        # either side is, so the Pod fields below, absent from a claim, are not an error then.
+        "request.resource.resource != 'pods' || "
         "(has(object.spec.affinity) && has(object.spec.affinity.nodeAffinity) && "
         "has(object.spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution)) || "
         "(object.spec.containers + (has(object.spec.initContainers) ? object.spec.initContainers : [])).exists(c, "

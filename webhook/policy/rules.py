@@ -28,6 +28,7 @@ from typing import Any, cast
 import jsonschema
 import yaml
 
+from webhook.policy.dra_rules import DRARules, NamespaceDRA, check_selectors, dra_rules, namespace_dra
 from webhook.policy.findings import Enforcement
 from webhook.policy.manifests_io import yaml_documents
 from webhook.policy.pods import render_path
@@ -63,6 +64,17 @@ RULES: dict[str, tuple[Enforcement, str]] = {
     "gpu-class-no-node": ("warn", "the class's nodeSelector matches no node advertising the requested GPU"),
     "gpu-runtime-class-missing": ("warn", "the default runtime class is missing or contradicts the class"),
     "gpu-inventory-unavailable": ("warn", "cluster inventory not synced: inventory checks skipped"),
+    # DRA (resource.k8s.io ResourceClaims, ResourceClaimTemplates and the Pods that use them): docs/dra.md
+    "dra-claim-max": ("deny", "more GPU devices in a claim request, or a claim, than its class, DeviceClass or "
+                              "namespace allows"),
+    "dra-pod-max": ("deny", "more GPU devices over a Pod's claims than its class, DeviceClass or namespace allows"),
+    "dra-allocation-all": ("deny", "allocationMode: All (every GPU of a node) on a GPU DeviceClass where the rules "
+                                   "do not allow it"),
+    "dra-admin-access": ("deny", "adminAccess: true on a GPU DeviceClass outside the exempt and admin-access "
+                                 "namespaces"),
+    "dra-class-not-allowed": ("deny", "a GPU DeviceClass the namespace may not use"),
+    "dra-selector-conflict": ("deny", "a claim's selector is another class value's selector, not its own class's"),
+    "dra-double-allocation": ("deny", "a Pod asks for a GPU extended resource and also claims a GPU DeviceClass"),
 }
 
 
@@ -142,6 +154,7 @@ class Contribution:
     max_gpus_per_pod: int | None = None
     aliases: Mapping[str, LabelValues] = field(default_factory=dict)  # node label key -> values (own selector too)
     defaults: Mapping[str, str] = field(default_factory=dict)  # other axis -> its default when this value is chosen
+    device_selectors: Mapping[str, str] = field(default_factory=dict)  # GPU DeviceClass -> CEL meaning this value
 
 
 @dataclass(frozen=True)
@@ -184,6 +197,7 @@ class NamespacePolicy:
     allowed: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     match_labels: Mapping[str, str] = field(default_factory=dict)
     name: str = ""
+    dra: NamespaceDRA = field(default_factory=NamespaceDRA)
 
 
 @dataclass(frozen=True)
@@ -203,6 +217,7 @@ class Policy:
     digest: str
     sources: tuple[str, ...] = ()
     usage: UsageRules = field(default_factory=UsageRules)  # `spec.usage`: what `gpu-webhook usage` calls idle
+    dra: DRARules = field(default_factory=DRARules)  # GPU DeviceClasses and what claims may ask (`spec.dra`)
     _resource_cache: dict[str, GPUResource | None] = field(default_factory=dict, compare=False, repr=False)
     plans: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)  # the engine's per-class memo
 
@@ -425,6 +440,7 @@ def _build(spec: Mapping[str, Any], origin: _Origin, sources: tuple[str, ...]) -
         return RuleError(f"{where}: {render_path(path)}: {problem}")
 
     classes = spec.get("classes") or {}
+    dra = dra_rules(spec)
     axes = tuple(_axis(name, body) for name, body in (classes.get("axes") or {}).items())
     by_name = {a.name: a for a in axes}
     for axis in axes:
@@ -438,6 +454,7 @@ def _build(spec: Mapping[str, Any], origin: _Origin, sources: tuple[str, ...]) -
                 raise fail((*base, "values", value, "aliases", key),
                            f'"{key}" is already this value\'s nodeSelector key; an alias names other keys: remove it')
             _check_expressions(raw, (*base, "values", value), fail)
+            check_selectors(contribution.device_selectors, dra, (*base, "values", value), fail)
             for other, chosen in contribution.defaults.items():
                 target = by_name.get(other)
                 where: tuple[str, ...] = (*base, "values", value, "defaults", other)
@@ -462,6 +479,7 @@ def _build(spec: Mapping[str, Any], origin: _Origin, sources: tuple[str, ...]) -
             allowed={k: tuple(v) for k, v in (body.get("allowed") or {}).items()},
             match_labels=dict(body.get("matchLabels") or {}),
             name=name,
+            dra=namespace_dra(body, dra, base, fail),
         )
 
     namespaces = {
@@ -510,12 +528,13 @@ def _build(spec: Mapping[str, Any], origin: _Origin, sources: tuple[str, ...]) -
         namespace_selectors=selectors,
         exempt_namespaces=frozenset(spec.get("exemptNamespaces") or ()),
         gpu_runtime_classes=frozenset(runtime_classes),
-        gpu_device_classes=frozenset(spec.get("gpuDeviceClasses") or ()),
+        gpu_device_classes=frozenset(dra.device_classes),
         enforcement=enforcement,
         mutate_templates=bool((spec.get("templates") or {}).get("mutate", False)),
         digest=digest,
         sources=tuple(dict.fromkeys(sources)),
         usage=usage,
+        dra=dra,
     )
 
 
@@ -567,4 +586,5 @@ def _contribution(body: Mapping[str, Any]) -> Contribution:
         max_gpus_per_pod=body.get("maxGPUsPerPod"),
         aliases=aliases,
         defaults=dict(body.get("defaults") or {}),
+        device_selectors={str(k): str(v) for k, v in (body.get("deviceSelectors") or {}).items()},
     )
