@@ -40,6 +40,12 @@ def _server_version(cluster: Cluster) -> tuple[str, tuple[int, int]]:
     return info["gitVersion"], (int(info["major"]), int(re.sub(r"\D.*", "", info["minor"])))
 
 
+def _url_mode(cluster: Cluster) -> list[str]:
+    """The harness's webhook by URL with its CA (the cluster has no cert-manager CRDs and runs no server Pod)."""
+    return ["--set", f"webhook.url={cluster.webhook_url}", "--set", "certificates.mode=provided",
+            "--set-file", f"certificates.provided.caCert={cluster.webhook_tls / 'ca.crt'}"]
+
+
 @pytest.fixture(scope="module")
 def helm(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> HelmCli:
     return HelmCli(_helm_binary(), cluster, tmp_path_factory.mktemp("helm-home"))
@@ -56,7 +62,7 @@ def test_native_modes_are_refused_before_1_36(cluster: Cluster, helm: HelmCli, t
         [sys.executable, "-m", "webhook", "policies", "render", "--rules", str(REPO / "rules"), "--mode", mode,
          "--format", "helm-values"], capture_output=True, text=True, cwd=REPO, timeout=120, check=True).stdout)
     done = helm("install", "gpu-webhook-native", str(CHART), "--namespace", WEBHOOK_NAMESPACE, "--dry-run=server",
-                "-f", str(values), check=False)
+                "-f", str(values), *_url_mode(cluster), check=False)
     version, minor = _server_version(cluster)
     if minor < (1, 36):
         assert done.returncode != 0, f"mode={mode} was accepted on {version}"
@@ -69,8 +75,7 @@ def test_native_modes_are_refused_before_1_36(cluster: Cluster, helm: HelmCli, t
 
 def test_install_notes_name_the_dra_limit_before_1_34(cluster: Cluster, helm: HelmCli) -> None:
     done = helm("install", "gpu-webhook-notes", str(CHART), "--namespace", WEBHOOK_NAMESPACE, "--dry-run=server",
-                "--set", f"webhook.url={cluster.webhook_url}", "--set", "certificates.mode=provided",
-                "--set-file", f"certificates.provided.caCert={cluster.webhook_tls / 'ca.crt'}")
+                *_url_mode(cluster))
     notes = done.stdout.split("NOTES:", 1)[-1]
     version, minor = _server_version(cluster)
     if minor < (1, 34):
