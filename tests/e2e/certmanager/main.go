@@ -60,10 +60,12 @@ var controllers = []string{
 }
 
 func main() {
-	kubeconfig := flag.String("kubeconfig", "", "kubeconfig of the cluster (required)")
-	namespace := flag.String("namespace", "", "only this namespace (default: all)")
-	klog.InitFlags(nil)
-	flag.Parse()
+	// A flag set of its own: controller-runtime registers a global --kubeconfig flag in an init.
+	flags := flag.NewFlagSet("cert-manager-lite", flag.ExitOnError)
+	kubeconfig := flags.String("kubeconfig", "", "kubeconfig of the cluster (required)")
+	namespace := flags.String("namespace", "", "only this namespace (default: all)")
+	klog.InitFlags(flags)
+	_ = flags.Parse(os.Args[1:])
 	if *kubeconfig == "" {
 		fmt.Fprintln(os.Stderr, "cert-manager-lite: --kubeconfig is required")
 		os.Exit(2)
