@@ -715,3 +715,37 @@ def test_mode_values_are_refused_with_the_command_to_run(chart: Helm, values: Do
     done = chart.run("template", RELEASE, str(CHART), "--namespace", NAMESPACE, values=values, check=False)
     assert done.returncode != 0
     assert message in done.stderr, done.stderr
+
+
+# ------------------------------------------------------------------------------------ Kubernetes versions
+
+# What the chart asks of the cluster (docs/deploy.md, "Kubernetes versions"): the chart's kubeVersion for every
+# mode, Kubernetes 1.36 (MutatingAdmissionPolicy v1) for native and hybrid.
+VERSION_CASES = [
+    pytest.param("webhook", "1.30.0", None, id="webhook-1.30"),
+    pytest.param("webhook", "1.34.4", None, id="webhook-1.34"),
+    pytest.param("webhook", "1.29.9", "chart requires kubeVersion: >=1.30.0-0", id="webhook-1.29-refused"),
+    pytest.param("native", "1.30.14", "mode=native needs Kubernetes >= 1.36", id="native-1.30-refused"),
+    pytest.param("native", "1.35.4", "mode=native needs Kubernetes >= 1.36", id="native-1.35-refused"),
+    pytest.param("hybrid", "1.34.4", "mode=hybrid needs Kubernetes >= 1.36", id="hybrid-1.34-refused"),
+    pytest.param("native", "1.36.0", None, id="native-1.36"),
+    pytest.param("hybrid", "1.36.0-eks-1a2b3c", None, id="hybrid-1.36-vendor-suffix"),
+]
+
+
+@pytest.mark.parametrize(("mode", "version", "message"), VERSION_CASES)
+def test_kube_version_gates_each_mode(chart: Helm, tmp_path_factory: pytest.TempPathFactory, mode: str,
+                                      version: str, message: str | None) -> None:
+    """helm template --kube-version stands for the cluster's version (.Capabilities.KubeVersion on install)."""
+    args = ["-f", str(_render_values(tmp_path_factory, mode))] if mode != "webhook" else []
+    done = chart.run("template", RELEASE, str(CHART), "--namespace", NAMESPACE, "--kube-version", version, *args,
+                     check=False)
+    if message is None:
+        assert done.returncode == 0, done.stderr
+        assert "kind: Deployment" in done.stdout or mode == "native"
+    else:
+        assert done.returncode != 0, f"{mode} on Kubernetes {version} rendered"
+        assert message in done.stderr, done.stderr
+        if mode != "webhook":
+            assert f"the cluster is v{version}" in done.stderr and "install with mode=webhook" in done.stderr
+

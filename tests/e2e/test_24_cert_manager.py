@@ -1,0 +1,139 @@
+"""The chart in cert-manager mode (its default), on the real node, with a real cert-manager issuing and injecting.
+
+cert-manager here is cert-manager-lite (tests/e2e/certmanager, built by tests/e2e/build_certmanager.sh): upstream's
+controller and cainjector packages of github.com/cert-manager/cert-manager in one process, because upstream's own
+mains (the cmd/ modules) are not on the Go module proxy. It runs the Issuer and Certificate controllers, the
+self-signed and CA signers, the approver and the CA injector; its CRDs are the module's deploy/crds.
+
+The chart's chain: self-signed Issuer -> CA Certificate -> CA Issuer -> serving Certificate (Secret gpu-webhook-tls),
+and both webhook configurations carry cert-manager.io/inject-ca-from. The API server calls the webhook's Pods
+through the Service with the caBundle that cainjector copied in, so a mutated GPU Pod proves the whole path. Then:
+- a renewal of the serving certificate (as `cmctl renew` asks for it: the Certificate's Issuing condition): a new
+  key and serial, the same CA, so the caBundle stays and no create fails while the Pods pick it up;
+- not covered: a renewal of the CA followed by the serving certificate. The serving Secret's ca.crt then holds
+  the new CA, but cert-manager-lite's injector did not copy it into the caBundle within 120 s (twice, cause not
+  found yet); until that is understood, renew the CA of a real install by hand (docs/deploy.md).
+
+Needs what test_21 needs (the real node: run it under flock /tmp/gpu-webhook-realnode.lock) and Go for the build.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from cluster import HERE, WEBHOOK_NAMESPACE, Cluster, CreateLoop, gpu_pod, injected, spawn, wait_until
+from cryptography import x509
+from cryptography.hazmat.primitives import serialization
+from installed import HOOK_KINDS, RELEASE, InstalledWebhook
+from realnode import RealNode
+from test_21_installed import _served_certificates
+
+pytestmark = pytest.mark.e2e
+
+BUILD = HERE / "build_certmanager.sh"
+
+
+def _cert_manager_bin() -> Path:
+    done = subprocess.run(["bash", str(BUILD)], capture_output=True, text=True, timeout=3600, check=False)
+    assert done.returncode == 0, f"{BUILD} failed ({done.returncode}):\n{done.stderr[-3000:]}"
+    return Path(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def cert_manager(cluster: Cluster) -> Iterator[None]:
+    """cert-manager's CRDs applied and cert-manager-lite running against the cluster."""
+    bindir = _cert_manager_bin()
+    crds = bindir.parent / "crds"
+    cluster.kubectl("apply", "--server-side", "-f", str(crds))
+    cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s", "-f", str(crds))
+    proc = spawn("cert-manager-lite", [str(bindir / "cert-manager-lite"), f"--kubeconfig={cluster.kubeconfig}"],
+                 cluster.logdir)
+    try:
+        yield
+    finally:
+        proc.stop()
+
+
+@pytest.fixture(scope="module")
+def installed(cluster: Cluster, real_node: RealNode, cert_manager: None,
+              tmp_path_factory: pytest.TempPathFactory) -> Iterator[InstalledWebhook]:
+    webhook = InstalledWebhook(cluster=cluster, node=real_node, home=tmp_path_factory.mktemp("installed-cm"))
+    webhook.prepare()
+    try:
+        webhook.install({"certificates": {"mode": "cert-manager"}})
+        cluster.wait_webhook_active(timeout=120)
+        yield webhook
+    finally:
+        webhook.uninstall()
+        cluster.wait_webhook_active(timeout=60)
+
+
+def _secret(cluster: Cluster, name: str) -> dict[str, bytes]:
+    doc = json.loads(cluster.kubectl("get", "secret", name, "-n", WEBHOOK_NAMESPACE, "-o", "json").stdout)
+    return {key: base64.b64decode(value) for key, value in doc["data"].items()}
+
+
+def _ca_bundles(cluster: Cluster) -> set[bytes]:
+    bundles = set()
+    for kind in HOOK_KINDS:
+        doc = json.loads(cluster.kubectl("get", kind, RELEASE, "-o", "json").stdout)
+        bundles |= {base64.b64decode(hook["clientConfig"].get("caBundle", "")) for hook in doc["webhooks"]}
+    return bundles
+
+
+def _der(pem: bytes) -> bytes:
+    return x509.load_pem_x509_certificate(pem).public_bytes(serialization.Encoding.DER)
+
+
+def _renew(cluster: Cluster, certificate: str) -> None:
+    """Ask cert-manager to issue the Certificate again now, as `cmctl renew` does (its Issuing condition)."""
+    condition = {"type": "Issuing", "status": "True", "reason": "ManuallyTriggered",
+                 "message": "Certificate re-issuance manually triggered",
+                 "lastTransitionTime": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    cluster.kubectl("patch", "certificate", certificate, "-n", WEBHOOK_NAMESPACE, "--subresource=status",
+                    "--type=json", "-p", json.dumps([{"op": "add", "path": "/status/conditions/-",
+                                                      "value": condition}]))
+
+
+def _mutated_pod(cluster: Cluster, namespace: str, name: str) -> None:
+    pod = json.loads(cluster.kubectl("create", "-o", "json", "-n", namespace, "-f", "-",
+                                     input=json.dumps(gpu_pod(name, gpus=1))).stdout)
+    assert injected(pod)["runtimeClassName"], f"Pod {name} was admitted without the GPU class: {pod['spec']}"
+
+
+def test_cainjector_copies_the_chart_ca_and_a_pod_goes_through_it(cluster: Cluster, installed: InstalledWebhook,
+                                                                  namespace: str) -> None:
+    serving = _secret(cluster, f"{RELEASE}-tls")
+    ca = _secret(cluster, f"{RELEASE}-ca")["tls.crt"]
+    assert serving["ca.crt"] == ca, "the serving Secret's ca.crt is not the chart's CA"
+    assert _ca_bundles(cluster) == {ca}, "a webhook's caBundle is not the CA cert-manager issued"
+    _mutated_pod(cluster, namespace, "through-injected-ca")
+
+
+def test_serving_certificate_renewal_keeps_the_ca_bundle(cluster: Cluster, installed: InstalledWebhook,
+                                                          namespace: str) -> None:
+    before = _secret(cluster, f"{RELEASE}-tls")
+    bundles = _ca_bundles(cluster)
+    with CreateLoop(cluster, namespace) as loop:
+        time.sleep(2)
+        _renew(cluster, f"{RELEASE}-serving")
+        wait_until(lambda: _secret(cluster, f"{RELEASE}-tls")["tls.crt"] != before["tls.crt"], 120,
+                   "cert-manager to issue the serving certificate again")
+        renewed = _secret(cluster, f"{RELEASE}-tls")
+        started = time.monotonic()
+        wait_until(lambda: _served_certificates(installed) == {_der(renewed["tls.crt"])}, 180,
+                   "every webhook Pod to serve the renewed certificate", interval=1)
+        took = time.monotonic() - started
+        time.sleep(3)
+    assert renewed["tls.key"] != before["tls.key"], "rotationPolicy Always: the renewal kept the old key"
+    assert _ca_bundles(cluster) == bundles
+    counts = loop.counts()
+    print(f"serving certificate renewed by cert-manager: served by every Pod after {took:.0f} s; {counts}")
+    assert counts["refused"] == 0 and counts["unmutated"] == 0
+
