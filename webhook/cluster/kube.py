@@ -175,12 +175,23 @@ class Source:
     optional: bool = False  # absent or forbidden: treated as empty (DRA on clusters without it)
 
 
+def _claim_templates(api: k8s.ApiClient, api_class: str) -> ListCall:
+    """The ResourceClaimTemplate list of one resource.k8s.io version, its API class built on the first call.
+
+    Each class brings its own models in (about 4 MiB resident each): a cluster that serves v1 never loads the
+    v1beta2 and v1beta1 ones, which are only tried when v1 is absent."""
+    def call(**kwargs: Any) -> Any:
+        return getattr(k8s, api_class)(api).list_resource_claim_template_for_all_namespaces(**kwargs)
+
+    return call
+
+
 def sources(api: k8s.ApiClient) -> tuple[Source, ...]:
     core, node = k8s.CoreV1Api(api), k8s.NodeV1Api(api)
     claims = tuple(
-        (f"resource.k8s.io/{version}", api_class(api).list_resource_claim_template_for_all_namespaces)
-        for version, api_class in (("v1", k8s.ResourceV1Api), ("v1beta2", k8s.ResourceV1beta2Api),
-                                   ("v1beta1", k8s.ResourceV1beta1Api))
+        (f"resource.k8s.io/{version}", _claim_templates(api, api_class))
+        for version, api_class in (("v1", "ResourceV1Api"), ("v1beta2", "ResourceV1beta2Api"),
+                                   ("v1beta1", "ResourceV1beta1Api"))
     )
     return (
         Source("nodes", "Node", (("v1", core.list_node),), inventory.node_from_api),
