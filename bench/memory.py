@@ -6,6 +6,9 @@
 
 RSS and PSS of every process of the server (the gunicorn master and its workers) are printed after the warm-up
 and at the end: RSS is what dashboards show (pages shared by forked processes counted in each), PSS splits them.
+With --baseline, both servers then run side by side for `--latency-rounds` alternating open-loop rounds
+(bench/load.py's open loop: `--rate` GPU Pod /mutate reviews per second over 8 keep-alive connections, latency
+from each request's scheduled time), so that a smaller footprint is not bought with slower answers.
 
 One `gpu-webhook serve` (its default workers and threads unless given, TLS, INFO logging to /dev/null, packaged rules).
 The mix cycles through the three realistic reviews of bench/common.py on /mutate and /validate, each with
@@ -98,6 +101,28 @@ def measure(args: argparse.Namespace, work: Path, checkout: Path) -> str:
     return f"after the warm-up {start}; at the end {end}"
 
 
+def latency(args: argparse.Namespace, work: Path, trees: dict[str, Path]) -> None:
+    """Open-loop p50 and p99 of each tree's server (its default workers and threads), in alternating rounds."""
+    template = common.template_of(common.CASES["gpu-pod"]())
+    servers = {name: common.start("webhook", "webhook", work / "tls", log_level=args.log_level, checkout=tree)
+               for name, tree in trees.items()}
+    rounds: dict[str, list[tuple[float, float]]] = {name: [] for name in trees}
+    try:
+        for _ in range(args.latency_rounds):
+            for name, server in servers.items():
+                lat = load.open_loop(server.port, server.cafile, template, "/mutate", args.rate, 3.0, 8)
+                rounds[name].append((lat[len(lat) // 2] * 1e3, lat[int(len(lat) * 0.99)] * 1e3))
+    finally:
+        for server in servers.values():
+            server.stop()
+    print(f"\nopen loop, {args.rate:.0f} GPU Pod /mutate reviews/s, {args.latency_rounds} alternating rounds x 3 s:")
+    for name, figures in rounds.items():
+        p50 = sorted(f[0] for f in figures)
+        p99 = sorted(f[1] for f in figures)
+        print(f"  {name:14} p50 median {p50[len(p50) // 2]:.2f} ms (rounds {p50[0]:.2f}-{p50[-1]:.2f}), "
+              f"p99 median {p99[len(p99) // 2]:.2f} ms (rounds {p99[0]:.2f}-{p99[-1]:.2f})")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--count", type=int, default=1_000_000, help="reviews after the warm-up")
@@ -108,6 +133,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--baseline", type=Path, metavar="DIR",
                         help="then run the server of the checkout in DIR the same way (`git worktree add DIR REV`)")
     parser.add_argument("--log-level", default="INFO")
+    parser.add_argument("--latency-rounds", type=int, default=5, help="with --baseline: alternating rounds")
+    parser.add_argument("--rate", type=float, default=300.0, help="with --baseline: open-loop reviews per second")
     args = parser.parse_args(argv)
 
     work = Path(tempfile.mkdtemp(prefix="gpu-webhook-memory-"))
@@ -118,6 +145,8 @@ def main(argv: list[str] | None = None) -> int:
     print()
     for name, line in summary.items():
         print(f"{name}: {line}")
+    if args.baseline and args.latency_rounds:
+        latency(args, work, {"this checkout": common.REPO, "baseline": args.baseline.resolve()})
     return 0
 
 

@@ -16,8 +16,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import ssl
 import sys
 import tempfile
+import time
+import urllib.request
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -59,6 +62,14 @@ def measure(checkout: Path, creates: int) -> tuple[str, str]:
     os.environ["PYTHONPATH"] = str(checkout)  # the harness runs `python -m webhook` with this environment
     with running_cluster(Path(tempfile.mkdtemp(prefix="gpu-webhook-memory-cluster-"))) as cluster:
         pid = cluster.procs["gpu-webhook"].popen.pid
+        context = ssl.create_default_context(cafile=str(cluster.webhook_tls / "ca.crt"))
+        for _ in range(100):  # the figures of a worker whose inventory has listed the cluster
+            with urllib.request.urlopen(f"{cluster.webhook_url}/readyz", context=context) as answer:
+                if json.load(answer)["checks"].get("inventory", {}).get("synced"):
+                    break
+            time.sleep(0.3)
+        else:
+            raise RuntimeError("the webhook's inventory did not sync in 30 s")
         start = figures(pid)
         for i in range(creates):
             pod = {"apiVersion": "v1", "kind": "Pod",
