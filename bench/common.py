@@ -138,13 +138,16 @@ class Running:
 
 
 def start(name: str, kind: str, tls_dir: Path, *, workers: int = 2, threads: int = 4, worker_class: str = "gthread",
-          log_level: str = "INFO", log: Path | None = None, extra: list[str] | None = None) -> Running:
+          log_level: str = "INFO", log: Path | None = None, extra: list[str] | None = None,
+          checkout: Path | None = None) -> Running:
     """Start `kind`: `webhook` (gpu-webhook serve), `flask` / `wsgi` (floors of bench/load.py), on a free port.
 
     `worker_class="sync"` runs the same app under gunicorn's sync worker (through this module's `--serve`).
+    `checkout` runs the webhook of another tree (its `webhook` package first on the path); with it, `workers` and
+    `threads` are passed only through `extra`, so that each tree runs with its own defaults unless told.
     """
     port = load.free_port()
-    common = ["--workers", str(workers), "--threads", str(threads)]
+    common = [] if checkout else ["--workers", str(workers), "--threads", str(threads)]
     if kind == "webhook" and worker_class == "gthread":
         command = [sys.executable, "-m", "webhook.cli.server", "serve", "--tls-dir", str(tls_dir),
                    "--host", "127.0.0.1", "--port", str(port), "--metrics-host", "127.0.0.1",
@@ -160,7 +163,9 @@ def start(name: str, kind: str, tls_dir: Path, *, workers: int = 2, threads: int
                    str(load.free_port()), str(workers), str(threads), "WARNING"]
     out: Any = open(log, "wb") if log else subprocess.DEVNULL  # noqa: SIM115  (closed below)
     try:
-        proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=clean_env())
+        env = clean_env() | ({"PYTHONPATH": str(checkout)} if checkout else {})
+        proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env,
+                                cwd=checkout)  # `-m` looks in the working directory first
     finally:
         if log:
             out.close()

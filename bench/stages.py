@@ -73,6 +73,35 @@ def stages(server: AdmissionServer, body: bytes) -> dict[str, Callable[[], Any]]
     }
 
 
+def _module_of(where: tuple[str, int, str]) -> str:
+    path = where[0]
+    if path == "~":  # a C function or method: isinstance, dict.get, orjson.loads, ...
+        return "C calls"
+    return str(Path(path).relative_to(REPO)) if path.startswith(str(REPO)) else "other Python"
+
+
+def profile(call: Callable[[], Any], count: int) -> None:
+    """Own time and calls per review of `call`, summed by module; the profiler's overhead weighs on small
+    functions, so the shares are a map of where the calls go, not a measure to set against instruction counts."""
+    import cProfile
+    import pstats
+
+    profiler = cProfile.Profile()
+    profiler.enable()
+    for _ in range(count):
+        call()
+    profiler.disable()
+    by_module: dict[str, list[float]] = {}
+    for where, (_, calls, own, _, _) in pstats.Stats(profiler).stats.items():  # type: ignore[attr-defined]
+        entry = by_module.setdefault(_module_of(where), [0.0, 0.0])
+        entry[0] += own
+        entry[1] += calls
+    total = sum(own for own, _ in by_module.values())
+    print(f"answer(), {count} calls: {sum(c for _, c in by_module.values()) / count:.0f} calls per review")
+    for module, (own, calls) in sorted(by_module.items(), key=lambda item: -item[1][0]):
+        print(f"  {module:40} {calls / count:6.0f} calls  {own / total * 100:4.0f} % of own time")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--review", type=Path, default=DEFAULT_REVIEW, help="AdmissionReview body to answer")
@@ -81,6 +110,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", help="run one stage (a prefix of its name) --count times and print nothing")
     parser.add_argument("--count", type=int, default=0, help="with --only: calls to make")
     parser.add_argument("--cold", action="store_true", help="with --only: evict the caches before each call")
+    parser.add_argument("--profile", action="store_true",
+                        help="cProfile 5,000 answer() calls: own time and calls per review, by module")
     args = parser.parse_args(argv)
 
     metrics.enable_multiprocess(Path(tempfile.mkdtemp(prefix="bench-stages-metrics-")))
@@ -93,6 +124,10 @@ def main(argv: list[str] | None = None) -> int:
     for call in table.values():  # warm every memo the server warms on its first reviews
         for _ in range(200):
             call()
+
+    if args.profile:
+        profile(table["answer (all of the above)"], 5000)
+        return 0
 
     if args.only:
         choices = {**table, "nothing (what --cold costs alone)": lambda: None}

@@ -502,7 +502,7 @@ SLOWLORIS_BOUND = 0.05  # p99 budget (s) for other clients while under attack, o
 @pytest.mark.parametrize(("slowloris", "idle"), [(0, 300), (3, 0), (3, 300)],
                          ids=["300-idle-keepalive", "3-slowloris", "3-slowloris+300-idle"])
 def test_other_clients_are_answered_under_attack(tmp_path: Path, slowloris: int, idle: int) -> None:
-    """Fewer slow clients than threads per worker (4): no worker is ever fully held, others are answered
+    """Fewer slow clients than threads per worker (8 by default): no worker is ever fully held, others are answered
     within budget. (Connections are spread over the workers by the kernel, not evenly: 4 slow ones can all
     land on one worker: the head deadline frees them, tested below.)"""
     pki = Pki()

@@ -17,7 +17,7 @@ from typing import Any, TextIO
 from webhook.admission.loader import load_policy
 from webhook.cli import usage as usage_cli
 from webhook.cli.main import EXIT_DENIED, EXIT_OK, EXIT_USAGE, resolve_rules, rules_arg
-from webhook.cluster import audit, doctor, kube
+from webhook.cluster import audit, doctor
 
 MARKS = {"ok": "ok  ", "info": "info", "warn": "WARN", "fail": "FAIL"}
 
@@ -63,6 +63,8 @@ def _fail(command: str, message: str) -> int:
 
 
 def run_audit(args: argparse.Namespace) -> int:
+    from webhook.cluster import kube  # imported on use: `gpu-webhook serve` builds this parser too
+
     policy = load_policy(resolve_rules(args.rules))
     try:
         api = kube.api_client(args.kubeconfig, context=args.context)
@@ -95,6 +97,8 @@ def run_audit(args: argparse.Namespace) -> int:
 
 
 def run_doctor(args: argparse.Namespace) -> int:
+    from webhook.cluster import kube  # imported on use: `gpu-webhook serve` builds this parser too
+
     policy = load_policy(resolve_rules(args.rules))
     name = args.pod.split("/", 1)[1] if args.pod.lower().startswith(("pod/", "pods/")) else args.pod
     try:

@@ -10,12 +10,13 @@ directory, then one atomic rename of the `..data` symlink, so a reader never see
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import datetime as dt
 import os
 import sys
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -49,8 +50,8 @@ def register(subparsers: Any) -> None:
     serve.add_argument("--port", type=int, help="HTTPS port (default 8443)")
     serve.add_argument("--metrics-host", help="listen address of the metrics port (default 0.0.0.0)")
     serve.add_argument("--metrics-port", type=int, help="plain-HTTP Prometheus port (default 9090)")
-    serve.add_argument("--workers", type=int, help="gunicorn worker processes (default 2)")
-    serve.add_argument("--threads", type=int, help="threads per worker (default 4)")
+    serve.add_argument("--workers", type=int, help="gunicorn worker processes (default 1)")
+    serve.add_argument("--threads", type=int, help="threads per worker (default 8)")
     serve.add_argument("--max-body-bytes", type=int, help="larger request bodies get HTTP 413")
     serve.add_argument("--log-level", help="DEBUG, INFO, WARNING or ERROR")
     serve.add_argument("--rules-poll-seconds", type=float, help="how often to look for rule changes (default 2)")
@@ -230,12 +231,9 @@ def run_serve(args: argparse.Namespace) -> int:
         print(f"error: invalid rules: {exc}", file=sys.stderr)
         return 1
     if settings.cluster:
-        from webhook.cluster import kube
-
-        try:
-            kube.inventory_from_env()  # credentials are checked here; each worker starts its own watches
-        except kube.KubeError as exc:
-            print(f"error: --cluster: {exc}", file=sys.stderr)
+        problem = _in_child(_check_credentials)  # each worker starts its own watches
+        if problem:
+            print(f"error: --cluster: {problem}", file=sys.stderr)
             return 1
     assert settings.tls_dir is not None
     tls = ServingTls(settings.tls_dir, settings.client_ca)
@@ -247,18 +245,67 @@ def run_serve(args: argparse.Namespace) -> int:
     return _run_gunicorn(settings, store, tls)
 
 
+def _check_credentials() -> str | None:
+    """The cluster credentials' problem, or None when an API client can be built from them."""
+    from webhook.cluster import kube
+
+    try:
+        kube.inventory_from_env()
+    except kube.KubeError as exc:
+        return str(exc)
+    return None
+
+
+def _in_child(check: Callable[[], str | None]) -> str | None:
+    """Run `check` in a forked child and return its answer, so that what it imports stays out of this process.
+
+    The gunicorn master forks the workers from this process: the Kubernetes client the credential check needs
+    (about 50 MiB resident once its API classes are built) would otherwise sit in the master for its whole life,
+    though only the workers use it. A child that dies without answering is reported as such.
+    """
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: answer through the pipe, exit without running the parent's atexit hooks
+        code = 0
+        try:
+            os.close(read_end)
+            answer = check()
+            os.write(write_end, b"" if answer is None else answer.encode("utf-8", "replace"))
+        except BaseException as exc:  # reported to the parent, which decides
+            with contextlib.suppress(OSError):
+                os.write(write_end, f"{type(exc).__name__}: {exc}".encode("utf-8", "replace"))
+            code = 1
+        finally:
+            os._exit(code)
+    os.close(write_end)
+    with os.fdopen(read_end, "rb") as pipe:
+        answer = pipe.read().decode("utf-8", "replace")
+    _, status = os.waitpid(pid, 0)
+    if answer:
+        return answer
+    if os.waitstatus_to_exitcode(status) != 0:
+        return f"the credential check exited with status {os.waitstatus_to_exitcode(status)} without an answer"
+    return None
+
+
 def _run_gunicorn(settings: Settings, store: PolicyStore, tls: ServingTls) -> int:
     from webhook.admission import metrics
-    from webhook.admission.app import create_app
     from webhook.admission.gunicorn_conf import WebhookServer
     from webhook.admission.tls import SHM_DIR
+
+    def app() -> Any:
+        """The worker's app. Flask, the review path and the engine are imported here, after the fork: the master
+        only forks and aggregates metrics, and RSS counts every page a process maps, shared or not."""
+        from webhook.admission.app import create_app
+
+        return create_app(settings, store=store, tls=tls)
 
     metrics_dir = Path(tempfile.mkdtemp(prefix="gpu-webhook-metrics-", dir=SHM_DIR))
     metrics.enable_multiprocess(metrics_dir)
     print(f"serving https://{settings.host}:{settings.port} (/mutate /validate /healthz /readyz), "
           f"metrics http://{settings.metrics_host}:{settings.metrics_port}/metrics, "
           f"rules {settings.rules_dir or 'packaged'} ({store.policy.digest})", flush=True)
-    WebhookServer(settings, lambda: create_app(settings, store=store, tls=tls), tls, metrics_dir).run()
+    WebhookServer(settings, app, tls, metrics_dir).run()
     return 0
 
 

@@ -19,7 +19,7 @@ from typing import Any, TextIO
 
 from webhook.admission.loader import load_policy
 from webhook.cli.main import EXIT_OK, EXIT_USAGE, resolve_rules, rules_arg
-from webhook.cluster import kube, prometheus
+from webhook.cluster import prometheus
 from webhook.policy import usage
 from webhook.policy.rules import Policy
 
@@ -115,6 +115,8 @@ def _present_now(prom: prometheus.Prometheus) -> str:
 
 
 def run_usage(args: argparse.Namespace) -> int:
+    from webhook.cluster import kube  # imported on use: `gpu-webhook serve` builds this parser too
+
     policy = load_policy(resolve_rules(args.rules))
     url = prometheus_url(args, policy)
     if not url:

@@ -175,17 +175,44 @@ class Source:
     optional: bool = False  # absent or forbidden: treated as empty (DRA on clusters without it)
 
 
+# The list parameters the watches pass, as the API server spells them in the query.
+_QUERY_NAMES = {"watch": "watch", "resource_version": "resourceVersion", "allow_watch_bookmarks": "allowWatchBookmarks",
+                "timeout_seconds": "timeoutSeconds", "limit": "limit", "_continue": "continue"}
+
+
+def _collection(api: k8s.ApiClient, path: str) -> ListCall:
+    """A list (or, with watch=True, watch) of the collection at `path` with the ApiClient's host, credentials and
+    TLS, without the client's generated API classes.
+
+    The watches read raw JSON (`_preload_content=False`), so the classes' models and validators are never used,
+    but building CoreV1Api alone loads about 18 MiB of them into every worker. The call goes through the same
+    `param_serialize` and `call_api` the generated method uses, and raises ApiException on a non-2xx answer as
+    the generated method does for a raw response."""
+    def call(*, _preload_content: bool = False, _request_timeout: Any = None, **params: Any) -> Any:
+        if _preload_content:
+            raise ValueError("a collection call returns the raw response only (_preload_content=False)")
+        query = [(_QUERY_NAMES[name], value) for name, value in params.items() if value is not None]
+        request = api.param_serialize(method="GET", resource_path=path, query_params=query,
+                                      header_params={"Accept": "application/json"}, auth_settings=["BearerToken"])
+        response = api.call_api(*request, _request_timeout=_request_timeout)
+        if not 200 <= response.status <= 299:
+            response.read()  # type: ignore[no-untyped-call]
+            raise ApiException.from_response(http_resp=response, body=None, data=None)
+        return response.response
+
+    return call
+
+
 def sources(api: k8s.ApiClient) -> tuple[Source, ...]:
-    core, node = k8s.CoreV1Api(api), k8s.NodeV1Api(api)
-    claims = tuple(
-        (f"resource.k8s.io/{version}", api_class(api).list_resource_claim_template_for_all_namespaces)
-        for version, api_class in (("v1", k8s.ResourceV1Api), ("v1beta2", k8s.ResourceV1beta2Api),
-                                   ("v1beta1", k8s.ResourceV1beta1Api))
-    )
+    claims = tuple((f"resource.k8s.io/{version}",
+                    _collection(api, f"/apis/resource.k8s.io/{version}/resourceclaimtemplates"))
+                   for version in ("v1", "v1beta2", "v1beta1"))
     return (
-        Source("nodes", "Node", (("v1", core.list_node),), inventory.node_from_api),
-        Source("namespaces", "Namespace", (("v1", core.list_namespace),), inventory.namespace_from_api),
-        Source("runtimeclasses", "RuntimeClass", (("node.k8s.io/v1", node.list_runtime_class),),
+        Source("nodes", "Node", (("v1", _collection(api, "/api/v1/nodes")),), inventory.node_from_api),
+        Source("namespaces", "Namespace", (("v1", _collection(api, "/api/v1/namespaces")),),
+               inventory.namespace_from_api),
+        Source("runtimeclasses", "RuntimeClass",
+               (("node.k8s.io/v1", _collection(api, "/apis/node.k8s.io/v1/runtimeclasses")),),
                inventory.runtime_class_from_api),
         Source("resourceclaimtemplates", "ResourceClaimTemplate", claims, inventory.claim_template_from_api,
                optional=True),
