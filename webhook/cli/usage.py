@@ -15,12 +15,14 @@ import re
 import sys
 import time
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any, TextIO
 
 from webhook.admission.loader import load_policy
+from webhook.cli import usage_plot
 from webhook.cli.main import EXIT_OK, EXIT_USAGE, resolve_rules, rules_arg
 from webhook.cluster import prometheus
-from webhook.policy import usage
+from webhook.policy import usage, usage_chart
 from webhook.policy.rules import Policy
 
 PROMETHEUS_ENV = "GPU_WEBHOOK_PROMETHEUS"
@@ -45,6 +47,9 @@ def register(subparsers: Any) -> None:
     p.add_argument("-o", "--output", choices=("human", "json", "csv"), default="human")
     p.add_argument("--plot", metavar="WORKLOAD", help="also draw one workload's activity over time in the terminal "
                    "(NAME, or KIND/NAME)")
+    p.add_argument("--plot-file", metavar="PATH", type=Path, help="also write the ranking and each workload's "
+                   "activity over the window as a picture, PNG or SVG by the extension (needs the plot extra: "
+                   "pip install 'gpu-webhook[plot]')")
     p.add_argument("--kubeconfig", metavar="FILE", help="kubeconfig file (default: $KUBECONFIG, else "
                    "~/.kube/config, else the in-cluster ServiceAccount)")
     p.add_argument("--context", help="kubeconfig context (default: the current context)")
@@ -122,6 +127,12 @@ def run_usage(args: argparse.Namespace) -> int:
     if not url:
         return _fail(f"no Prometheus to read: pass --prometheus URL, set ${PROMETHEUS_ENV}, or set usage.prometheus "
                      "in the rules")
+    if args.plot_file is not None:
+        try:  # refused before anything is read
+            usage_plot.format_of(args.plot_file)
+            usage_plot.require_matplotlib("--plot-file")
+        except usage_plot.PlotError as err:
+            return _fail(str(err))
     try:
         window(args)  # a bad --since or --until is refused before anything is read
         api = kube.api_client(args.kubeconfig, context=args.context)
@@ -147,6 +158,13 @@ def run_usage(args: argparse.Namespace) -> int:
                          f"{', '.join(str(w.workload) for w in report.workloads) or '(none)'}")
         target = sys.stderr if args.output != "human" else out
         target.write(plot(found, color=target.isatty()) + "\n")
+    if args.plot_file is not None:
+        drawn = usage_chart.chart(report, policy.usage.idle_below)
+        try:
+            fmt = usage_plot.write(drawn, args.plot_file, usage_plot.title(drawn, f"{url}; rules {policy.digest}"))
+        except usage_plot.PlotError as err:
+            return _fail(str(err))
+        print(f"gpu-webhook usage: wrote {args.plot_file} ({fmt.upper()})", file=sys.stderr)
     return EXIT_OK
 
 
