@@ -12,6 +12,7 @@ from __future__ import annotations
 import datetime as dt
 import io
 import math
+import re
 from pathlib import Path
 from typing import Any
 
@@ -83,7 +84,21 @@ def render(chart: Chart, fmt: str, title: str) -> bytes:
         out = io.BytesIO()
         metadata: dict[str, Any] = {"Date": None} if fmt == "svg" else {"Software": None}
         fig.savefig(out, format=fmt, dpi=DPI, metadata=metadata)
-    return out.getvalue()
+    return _stable_clip_ids(out.getvalue()) if fmt == "svg" else out.getvalue()
+
+
+_CLIP_ID = re.compile(rb'id="(p[0-9a-f]{10})"')
+
+
+def _stable_clip_ids(svg: bytes) -> bytes:
+    """The SVG with matplotlib's clip-path ids renumbered in document order.
+
+    matplotlib hashes a clip path's key, which holds the `id()` of a Python object, so the same figure drawn twice
+    gets other ids despite `svg.hashsalt`; renumbering keeps the file byte-for-byte reproducible.
+    """
+    for n, old in enumerate(dict.fromkeys(_CLIP_ID.findall(svg))):
+        svg = svg.replace(old, f"clip{n}".encode())  # the 11-character hash occurs nowhere else in the file
+    return svg
 
 
 def write(chart: Chart, path: Path, title: str, flag: str = "--plot-file") -> str:
