@@ -16,6 +16,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -180,17 +181,22 @@ def test_report_numbers_match_the_replayed_series(cluster: Cluster, victoria: Vi
     assert report["workloads"][0]["name"] == "notebook"  # most idle GPU-hours first
 
 
-def test_human_and_csv_output(cluster: Cluster, victoria: VictoriaMetrics, scenario: dict[str, Any]) -> None:
+def test_human_and_csv_output(cluster: Cluster, victoria: VictoriaMetrics, scenario: dict[str, Any],
+                              tmp_path: Path) -> None:
     args = ["--prometheus", victoria.url, "--since", f"{MINUTES}m", "--until", str(scenario["end"]),
             "-n", scenario["namespace"]]
-    human = usage_cli(cluster, *args, "--plot", "notebook")
+    page = tmp_path / "idle-gpus.html"
+    human = usage_cli(cluster, *args, "--plot", "notebook", "--html-file", str(page))
     assert human.returncode == 0, human.stderr
+    html = page.read_text()  # the same ranking as a page, with the figure inlined (the dev extra has matplotlib)
+    assert f"<td>Deployment/{scenario['namespace']}/notebook</td>" in html and html.count("<svg") == 1
+    assert "2.75 GPUs could be freed (2 whole GPUs)" in html
     lines = human.stdout.splitlines()
     assert lines[2].split()[:2] == ["WORKLOAD", "GPUS"]
     assert lines[3].split()[0] == f"Deployment/{scenario['namespace']}/notebook"
     assert "2.75 GPUs could be freed (2 whole GPUs)" in human.stdout
     assert "Deployment/usage-e2e/notebook: DCGM_FI_DEV_GPU_UTIL" in human.stdout  # the plot's title
-    assert human.stderr == ""  # no progress bar when stderr is not a terminal
+    assert human.stderr == f"gpu-webhook usage: wrote {page} (HTML)\n"  # no progress bar: stderr is no terminal
     csv_out = usage_cli(cluster, *args, "-o", "csv")
     assert csv_out.returncode == 0, csv_out.stderr
     header, *rows = csv_out.stdout.splitlines()

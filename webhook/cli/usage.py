@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from webhook.admission.loader import load_policy
-from webhook.cli import usage_plot
+from webhook.cli import usage_html, usage_plot
 from webhook.cli.main import EXIT_OK, EXIT_USAGE, resolve_rules, rules_arg
 from webhook.cluster import prometheus
 from webhook.policy import usage, usage_chart
@@ -50,6 +50,8 @@ def register(subparsers: Any) -> None:
     p.add_argument("--plot-file", metavar="PATH", type=Path, help="also write the ranking and each workload's "
                    "activity over the window as a picture, PNG or SVG by the extension (needs the plot extra: "
                    "pip install 'gpu-webhook[plot]')")
+    p.add_argument("--html-file", metavar="PATH", type=Path, help="also write the report as one HTML page to open in "
+                   "a browser: the ranking, the totals and, with the plot extra, the --plot-file figure inlined")
     p.add_argument("--kubeconfig", metavar="FILE", help="kubeconfig file (default: $KUBECONFIG, else "
                    "~/.kube/config, else the in-cluster ServiceAccount)")
     p.add_argument("--context", help="kubeconfig context (default: the current context)")
@@ -133,6 +135,9 @@ def run_usage(args: argparse.Namespace) -> int:
             usage_plot.require_matplotlib("--plot-file")
         except usage_plot.PlotError as err:
             return _fail(str(err))
+    if args.html_file is not None and not args.html_file.parent.is_dir():
+        return _fail(f"--html-file {args.html_file}: the directory {args.html_file.parent} does not exist; name a "
+                     "file in a directory that exists and is writable")
     try:
         window(args)  # a bad --since or --until is refused before anything is read
         api = kube.api_client(args.kubeconfig, context=args.context)
@@ -165,7 +170,27 @@ def run_usage(args: argparse.Namespace) -> int:
         except usage_plot.PlotError as err:
             return _fail(str(err))
         print(f"gpu-webhook usage: wrote {args.plot_file} ({fmt.upper()})", file=sys.stderr)
+    if args.html_file is not None:
+        source = f"{url}; rules {policy.digest}"
+        try:
+            usage_html.write(html_page(report, source, policy.usage.idle_below), args.html_file)
+        except usage_html.HtmlError as err:
+            return _fail(str(err))
+        print(f"gpu-webhook usage: wrote {args.html_file} (HTML)", file=sys.stderr)
     return EXIT_OK
+
+
+def html_page(report: usage.Report, source: str, idle_below: float) -> str:
+    """The --html-file page: the text report's heading, table and notes, and the figure as SVG when matplotlib is
+    installed (without it, the page says how to get it)."""
+    try:
+        usage_plot.require_matplotlib("--html-file")
+    except usage_plot.PlotError:
+        svg = None
+    else:
+        drawn = usage_chart.chart(report, idle_below)
+        svg = usage_plot.render(drawn, "svg", usage_plot.title(drawn, source))
+    return usage_html.page(heading(report, source), HEADER, table(report), notes(report), svg, NONE_IN_SCOPE)
 
 
 def parse_time(text: str) -> float:
@@ -219,30 +244,53 @@ def _mem(row: usage.WorkloadUsage) -> str:
 
 
 def render(report: usage.Report, out: TextIO, source: str) -> None:
-    start = dt.datetime.fromtimestamp(report.start, dt.UTC).strftime("%Y-%m-%d %H:%M")
-    end = dt.datetime.fromtimestamp(report.end, dt.UTC).strftime("%Y-%m-%d %H:%M")
-    out.write(f"GPU usage {start} to {end} UTC (step {report.step:g} s) from {source}\n\n")
-    rows = [("WORKLOAD", "GPUS", "GPU-H", "IDLE-H", "P50", "P95", "MEMORY PEAK/CARD", "VERDICT", "SUGGESTION")]
-    for r in report.workloads:
-        shared = f" (1/{r.shared_with})" if r.shared_with > 1 else ""
-        rows.append((str(r.workload), f"{r.gpus:.3g}{shared}", f"{r.gpu_hours:.1f}", f"{r.idle_gpu_hours:.1f}",
-                     _pct(r.p50), _pct(r.p95), _mem(r), r.verdict, r.suggestion))
+    out.write(f"{heading(report, source)}\n\n")
+    rows = [HEADER, *table(report)]
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
     for row in rows:
         out.write("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=False)) + "  " + row[-1] + "\n")
     if not report.workloads:
-        out.write("(no GPU-holding workload in scope)\n")
-    whole = int(report.freeable_gpus + 1e-9)
-    out.write(f"\nTotal: {report.gpu_hours:.1f} GPU-hours held, {report.idle_gpu_hours:.1f} idle; "
-              f"{report.freeable_gpus:.2f} GPUs could be freed ({whole} whole GPU{'s' if whole != 1 else ''}).\n")
-    for miss in report.unjoined:
-        out.write(f"Not attributed: {miss.series} series, {miss.gpu_hours:.1f} GPU-hours: {miss.reason} "
-                  f"(e.g. {', '.join(miss.examples)})\n")
-    if report.unallocated_devices:
-        out.write(f"{report.unallocated_devices} device(s) held by no Pod in the window.\n")
+        out.write(f"{NONE_IN_SCOPE}\n")
+    lines = notes(report)
+    out.write(f"\n{lines[0]}\n")
+    for line in lines[1:]:
+        out.write(f"{line}\n")
+
+
+HEADER = ("WORKLOAD", "GPUS", "GPU-H", "IDLE-H", "P50", "P95", "MEMORY PEAK/CARD", "VERDICT", "SUGGESTION")
+NONE_IN_SCOPE = "(no GPU-holding workload in scope)"
+
+
+def heading(report: usage.Report, source: str) -> str:
+    """The report's first line: the window (UTC), the step and where the data came from."""
+    start = dt.datetime.fromtimestamp(report.start, dt.UTC).strftime("%Y-%m-%d %H:%M")
+    end = dt.datetime.fromtimestamp(report.end, dt.UTC).strftime("%Y-%m-%d %H:%M")
+    return f"GPU usage {start} to {end} UTC (step {report.step:g} s) from {source}"
+
+
+def table(report: usage.Report) -> list[tuple[str, ...]]:
+    """The ranking's rows as the text report prints them (the columns of HEADER), most idle GPU-hours first."""
+    rows: list[tuple[str, ...]] = []
     for r in report.workloads:
-        if r.verdict in ("idle", "oversized", "underused"):
-            out.write(f"  {r.workload}: {r.reason}\n")
+        shared = f" (1/{r.shared_with})" if r.shared_with > 1 else ""
+        rows.append((str(r.workload), f"{r.gpus:.3g}{shared}", f"{r.gpu_hours:.1f}", f"{r.idle_gpu_hours:.1f}",
+                     _pct(r.p50), _pct(r.p95), _mem(r), r.verdict, r.suggestion))
+    return rows
+
+
+def notes(report: usage.Report) -> list[str]:
+    """The lines under the table: the totals first, then what was not attributed and why each workload is flagged."""
+    whole = int(report.freeable_gpus + 1e-9)
+    lines = [f"Total: {report.gpu_hours:.1f} GPU-hours held, {report.idle_gpu_hours:.1f} idle; "
+             f"{report.freeable_gpus:.2f} GPUs could be freed ({whole} whole GPU{'s' if whole != 1 else ''})."]
+    for miss in report.unjoined:
+        lines.append(f"Not attributed: {miss.series} series, {miss.gpu_hours:.1f} GPU-hours: {miss.reason} "
+                     f"(e.g. {', '.join(miss.examples)})")
+    if report.unallocated_devices:
+        lines.append(f"{report.unallocated_devices} device(s) held by no Pod in the window.")
+    lines.extend(f"  {r.workload}: {r.reason}" for r in report.workloads
+                 if r.verdict in ("idle", "oversized", "underused"))
+    return lines
 
 
 def write_csv(report: usage.Report, out: TextIO) -> None:
