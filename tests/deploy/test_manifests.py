@@ -561,8 +561,9 @@ def test_graceful_termination_outlasts_the_drain(rendered: dict[str, list[dict[s
     """The kubelet counts the preStop sleep in the grace period; then come the shutdown delay and the drain."""
     spec = deployment(rendered[variant])["spec"]["template"]["spec"]
     pre_stop = container(rendered[variant])["lifecycle"]["preStop"]["sleep"]["seconds"]
-    delay = server_module("webhook.admission.settings").Settings().shutdown_delay_seconds
-    assert spec["terminationGracePeriodSeconds"] > pre_stop + delay + GUNICORN_GRACEFUL_TIMEOUT
+    settings = server_module("webhook.admission.settings").Settings()
+    longest = max(settings.shutdown_delay_seconds, settings.shutdown_delay_max_seconds)
+    assert spec["terminationGracePeriodSeconds"] > pre_stop + longest + GUNICORN_GRACEFUL_TIMEOUT
 
 
 @pytest.mark.parametrize("variant", DEPLOYABLE)
@@ -778,7 +779,7 @@ def test_ports_and_drain_agree_with_settings(rendered: dict[str, list[dict[str, 
     assert container_port(docs, "https") == settings.port
     assert container_port(docs, "metrics") == settings.metrics_port
     grace = deployment(docs)["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
-    assert grace > settings.shutdown_delay_seconds + settings.graceful_timeout_seconds
+    assert grace > settings.shutdown_delay_max_seconds + settings.graceful_timeout_seconds
 
 
 def test_every_env_var_is_read_by_the_server(rendered: dict[str, list[dict[str, Any]]]) -> None:

@@ -8,9 +8,11 @@
   cached context, rebuilt only when the `..data` target or a file changes, from a pair read from one target.
   The default factory (which re-reads certfile and keyfile separately, racing a rotation) is never used;
   `certfile`/`keyfile` are set only because gunicorn decides "TLS or not" from them.
-* SIGTERM: for `shutdown_delay_seconds` every answer says `Connection: close` and new connections are still
-  served, so the API server moves its kept-alive connections to other endpoints (shutdown.py); then the
-  master stops the workers gracefully; in-flight reviews complete within `graceful_timeout`.
+* SIGTERM: for `shutdown_delay_seconds`, and on while reviews keep arriving (up to
+  `shutdown_delay_max_seconds`), every answer says `Connection: close` and new connections are still served,
+  so the API server moves its connections to other endpoints (shutdown.py); then the master stops the workers
+  gracefully; in-flight reviews complete within `graceful_timeout`, and a stopping worker closes its listening
+  sockets at once, so a late dial is refused rather than left unanswered.
 * Errors gunicorn answers itself (a malformed request line or header, a header section too large) get a
   JSON metav1.Status like every other error of this server, not gunicorn's HTML page: `JsonErrorWorker`.
 * Prometheus multiprocess mode: workers write samples to a private directory (review counts once a second,
@@ -113,6 +115,9 @@ CLIENT_ERRORS = frozenset({
 })
 
 
+REVIEW_PATHS = frozenset({"/mutate", "/validate"})
+
+
 class JsonErrorWorker(ThreadWorker):  # type: ignore[misc]
     """gunicorn's gthread worker, answering its own protocol errors with a JSON Status instead of HTML, and
     with a deadline on every request a thread handles.
@@ -147,7 +152,18 @@ class JsonErrorWorker(ThreadWorker):  # type: ignore[misc]
         self._set_deadline(conn, self.REQUEST_SECONDS)  # the head is in: time for the body and the answer
         if shutdown.draining():
             req.must_close = True  # answered with `Connection: close`: the client dials another endpoint next
+            if req.path in REVIEW_PATHS:
+                shutdown.review_arrived()  # a client still sends reviews here: the master serves on
         return super().handle_request(req, conn)
+
+    def set_accept_enabled(self, enabled: bool) -> None:
+        super().set_accept_enabled(enabled)
+        if not enabled and not self.alive:
+            # Stopping: the master has closed its copies of the listening sockets, so closing ours makes the
+            # kernel refuse new connections (RST) instead of completing handshakes nobody will ever accept.
+            for listener in self.sockets:
+                with contextlib.suppress(OSError):
+                    listener.close()
 
     def _set_deadline(self, conn: Any, seconds: float) -> None:
         with self._deadline_lock:
@@ -188,13 +204,16 @@ class WebhookServer(BaseApplication):  # type: ignore[misc]
                  metrics_dir: Path) -> None:
         self._options = options(settings, tls, metrics_dir)
         self._app_factory = app_factory
-        self._shutdown_delay = settings.shutdown_delay_seconds
+        self._shutdown = shutdown.Timing(delay=settings.shutdown_delay_seconds,
+                                         quiet=settings.shutdown_quiet_seconds,
+                                         longest=max(settings.shutdown_delay_seconds,
+                                                     settings.shutdown_delay_max_seconds))
         super().__init__()
 
     def run(self) -> None:
         """gunicorn's `BaseApplication.run`, with the master that delays its stop (shutdown.py)."""
         try:
-            shutdown.DelayingArbiter(self, shutdown.install(), self._shutdown_delay).run()
+            shutdown.DelayingArbiter(self, shutdown.install(), self._shutdown).run()
         except RuntimeError as exc:
             print(f"\nError: {exc}\n", file=sys.stderr)
             sys.exit(1)

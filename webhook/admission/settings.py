@@ -24,7 +24,8 @@ class SettingsError(ValueError):
 
 # The smallest usable value of each numeric setting, checked however the value arrived (environment or option).
 MINIMUMS: dict[str, int] = {"port": 0, "metrics_port": 0, "workers": 1, "threads": 1, "max_body_bytes": 1024,
-                            "rules_poll_seconds": 0, "shutdown_delay_seconds": 0}
+                            "rules_poll_seconds": 0, "shutdown_delay_seconds": 0, "shutdown_quiet_seconds": 0,
+                            "shutdown_delay_max_seconds": 0}
 
 
 @dataclass(frozen=True)
@@ -44,8 +45,12 @@ class Settings:
     log_level: LogLevel = "INFO"
     keepalive_seconds: int = 120  # longer than the API server's 90 s idle-connection timeout
     graceful_timeout_seconds: int = 20
-    # After SIGTERM: serve on, every answer saying `Connection: close`, before the graceful stop (shutdown.py).
-    shutdown_delay_seconds: float = 5.0
+    # After SIGTERM: serve on, every answer saying `Connection: close`, before the graceful stop (shutdown.py):
+    # at least the delay, then until no review has come for the quiet time, at most the delay's maximum (or the
+    # delay, when that is longer).
+    shutdown_delay_seconds: float = 10.0
+    shutdown_quiet_seconds: float = 3.0
+    shutdown_delay_max_seconds: float = 30.0
     rules_poll_seconds: float = 2.0  # 0: no hot reload
     cluster: bool = False  # watch nodes, namespaces, runtime classes for the inventory checks
 
@@ -118,6 +123,8 @@ class Settings:
             log_level=log_level(text("LOG_LEVEL") or defaults.log_level),
             rules_poll_seconds=number("RULES_POLL_SECONDS", defaults.rules_poll_seconds),
             shutdown_delay_seconds=number("SHUTDOWN_DELAY_SECONDS", defaults.shutdown_delay_seconds),
+            shutdown_quiet_seconds=number("SHUTDOWN_QUIET_SECONDS", defaults.shutdown_quiet_seconds),
+            shutdown_delay_max_seconds=number("SHUTDOWN_DELAY_MAX_SECONDS", defaults.shutdown_delay_max_seconds),
             cluster=boolean("CLUSTER", defaults.cluster),
         )
 

@@ -57,7 +57,12 @@ def register(subparsers: Any) -> None:
     serve.add_argument("--rules-poll-seconds", type=float, help="how often to look for rule changes (default 2)")
     serve.add_argument("--shutdown-delay-seconds", type=float,
                        help="after SIGTERM, serve on this long, closing each connection after its answer so "
-                       "clients move to other endpoints, then stop gracefully (default 5; 0: stop at once)")
+                       "clients move to other endpoints, then stop gracefully (default 10; 0: stop at once)")
+    serve.add_argument("--shutdown-quiet-seconds", type=float,
+                       help="after the shutdown delay, serve on until no review has arrived for this long: a "
+                            "client whose endpoints still list this server keeps sending (default 3)")
+    serve.add_argument("--shutdown-delay-max-seconds", type=float,
+                       help="the longest the shutdown delay lasts while reviews keep arriving (default 30)")
     serve.add_argument("--cluster", action="store_true", default=None,
                        help="watch nodes, namespaces and runtime classes for the inventory checks "
                             "(needs the cluster-awareness RBAC component; default: $GPU_WEBHOOK_CLUSTER, else off)")
@@ -192,6 +197,8 @@ def settings_from(args: argparse.Namespace) -> Settings:
         "port": args.port, "metrics_host": args.metrics_host, "metrics_port": args.metrics_port,
         "rules_poll_seconds": args.rules_poll_seconds, "workers": args.workers,
         "shutdown_delay_seconds": getattr(args, "shutdown_delay_seconds", None),
+        "shutdown_quiet_seconds": getattr(args, "shutdown_quiet_seconds", None),
+        "shutdown_delay_max_seconds": getattr(args, "shutdown_delay_max_seconds", None),
         "threads": args.threads, "max_body_bytes": args.max_body_bytes,
         "log_level": log_level(args.log_level) if args.log_level else None,
         "cluster": getattr(args, "cluster", None),
