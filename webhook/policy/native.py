@@ -45,7 +45,8 @@ from typing import Any, Literal
 
 from webhook.policy import engine, native_cel
 from webhook.policy.findings import Verdict
-from webhook.policy.rules import RULES, Axis, GPUResource, LabelValues, Policy
+from webhook.policy.resources import GPUResource
+from webhook.policy.rules import RULES, Axis, LabelValues, Policy
 
 Mode = Literal["native", "hybrid"]
 Json = dict[str, Any]
