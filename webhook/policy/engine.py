@@ -31,6 +31,7 @@ from webhook.policy.dra_rules import NamespaceDRA
 from webhook.policy.findings import Edit, Finding, Mode, Operation, Verdict
 from webhook.policy.inventory import Snapshot
 from webhook.policy.pods import ContainerRef, PodSpecRef, render_path
+from webhook.policy.resources import is_glob, offered
 from webhook.policy.rules import (
     ANNOTATION_PREFIX,
     Axis,
@@ -427,7 +428,8 @@ def _stranded(policy: Policy, axis: Axis, pick: Pick, terms: tuple[Term, ...]) -
             "rules class (its other terms select nodes no class has)")
 
 
-_Limit = tuple[frozenset[str], str, ContainerRef]  # the values a resource exists on, its name, who asks
+# The values a resource exists on, its name, who asks, and what each value offers of its family (for messages).
+_Limit = tuple[frozenset[str], str, ContainerRef, str]
 _Unsaid = Literal["open", "refused", "left out"]
 
 
@@ -441,7 +443,10 @@ def _resource_limits(policy: Policy, per_resource: Mapping[str, list[tuple[Conta
             continue
         for axis_name, values in resource.valid_for.items():
             known = limits.get(axis_name)
-            limits[axis_name] = (values if known is None else known[0] & values, name, counts[0][0])
+            family = resource.pattern.split("*")[0] if is_glob(resource.pattern) else name
+            axis_values = next((list(a.values) for a in policy.axes if a.name == axis_name), [])
+            offers = offered(policy.resources, axis_name, axis_values, family) if not values else ""
+            limits[axis_name] = (values if known is None else known[0] & values, name, counts[0][0], offers)
     return limits
 
 
@@ -486,10 +491,11 @@ def _said_by_pod(ref: PodSpecRef, axis: Axis, labels: Mapping[str, Any], terms: 
                     f"admits {names}; remove the label or that selector, so that only one of them names the GPU")
             return "refused"
         if limit is not None and value not in limit[0]:
-            out.add("gpu-class-conflict",
-                    f'{label_at} is "{value}" but {limit[2].where()} asks for {limit[1]}, which exists only on '
-                    f"{axis.name} {', '.join(sorted(limit[0]))}; set the label to one of those, or ask for "
-                    "another resource")
+            where = (f"exists only on {axis.name} {', '.join(sorted(limit[0]))}; set the label to one of those"
+                     if limit[0] else f"no {axis.name} value of the rules offers ({limit[3]}); "
+                     "remove the label")
+            out.add("gpu-class-conflict", f'{label_at} is "{value}" but {limit[2].where()} asks for {limit[1]}, '
+                    f"which {where}, or ask for another resource")
             return "refused"
         return Pick(axis, value, f"label {axis.label}")
     admits = _within(selected, limit)
@@ -498,6 +504,11 @@ def _said_by_pod(ref: PodSpecRef, axis: Axis, labels: Mapping[str, Any], terms: 
               f"rules covers ({', '.join(axis.values)}), so {axis.name} is left as the Pod chose it (to use a class "
               f"instead, replace that selector with the label {axis.label}); to class this GPU, add it to the rules' "
               "aliases")
+        return "left out"
+    if limit is not None and not limit[0]:
+        _skip(axis, out, skipped, f"{limit[2].where()} asks for {limit[1]}, which no {axis.name} value of the rules "
+              f"offers ({limit[3]}), so no {axis.name} is implied and the Pod goes where the scheduler finds it; ask "
+              "for what a value offers, or add its GPU to the rules")
         return "left out"
     if admits is not None and not admits and limit is not None:
         _skip(axis, out, skipped, f"{selection.describe(axis, terms)} selects {axis.name} "

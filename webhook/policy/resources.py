@@ -61,8 +61,8 @@ def is_glob(pattern: str) -> bool:
 def ordered(resources: Iterable[GPUResource]) -> tuple[GPUResource, ...]:
     """Exact names first, then globs by how many literal characters they hold (most first), else in file order."""
     listed = list(resources)
-    return tuple(sorted(listed, key=lambda r: (is_glob(r.pattern),
-                                               -len(r.pattern.replace("*", "").replace("?", "")))))
+    return tuple(sorted(listed, key=lambda r: (is_glob(r.pattern), -len(r.pattern.replace("*", "").replace("?", ""))
+                                               if is_glob(r.pattern) else 0)))
 
 
 def find(resources: Sequence[GPUResource], dra: DRARules, name: str) -> GPUResource | None:
@@ -91,12 +91,13 @@ def check(resources: Sequence[GPUResource], dra: DRARules, fail: Fail) -> None:
 
 def offered(resources: Sequence[GPUResource], axis: str, values: Sequence[str], like: str) -> str:
     """What each value of `axis` offers among the exact resources named like `like` (`nvidia.com/mig-`):
-    `a100: nvidia.com/mig-1g.5gb, ...; t4: none`, for a message about a resource no value offers."""
+    `a100 offers 1g.5gb, 1g.10gb | t4 offers none`, for a message about a resource no value offers (no "; ":
+    a warning keeps what follows its last one, the fix)."""
     parts = []
     for value in values:
         names = [r.pattern for r in resources if not is_glob(r.pattern) and r.pattern.startswith(like)
                  and value in r.valid_for.get(axis, ())]
-        shown = ", ".join(n.removeprefix(like) for n in names[:8]) + (f" and {len(names) - 8} more"
-                                                                     if len(names) > 8 else "")
-        parts.append(f"{value}: {shown or 'none'}")
-    return "; ".join(parts)
+        shown = ", ".join(n.removeprefix(like) for n in names[:12]) + (f" and {len(names) - 12} more"
+                                                                      if len(names) > 12 else "")
+        parts.append(f"{value} offers {shown or 'none'}")
+    return " | ".join(parts)
