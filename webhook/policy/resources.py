@@ -17,7 +17,7 @@ says (`classes`).
 
 The API server reads the implicit name as a *native* resource (its name holds `kubernetes.io/`:
 `k8s.io/kubernetes@v1.36.3` pkg/apis/core/v1/helper/helpers.go:53-63), so it may be overcommitted and need not be
-a whole number (pkg/apis/core/validation/validation.go:7548-7560, 7977-7987, 8222-8231; helpers.go in
+a whole number (pkg/apis/core/validation/validation.go:7548-7560, 7970-7983, 8222-8231; helpers.go in
 pkg/apis/core/helper:186-211, 293); kube-scheduler allocates what the container *requests*
 (pkg/scheduler/framework/plugins/dynamicresources/extendeddynamicresources.go:341-352). `IMPLICIT_PREFIX` names it.
 """
