@@ -48,7 +48,13 @@ def test_a_label_against_the_pods_own_selection_is_a_conflict_with_placeholders(
 
 def test_a_validfor_resource_narrows_the_class_and_its_messages_name_the_pods_own_container() -> None:
     p = _params()
-    assert p["validFor"] == [{"regex": r"^nvidia\.com/mig\-.*$", "values": {"gpu-type": ["a100"]}}]
+    families = {e["regex"]: e for e in p["validFor"]}
+    assert families[r"^nvidia\.com/mig\-1g\.5gb$"] == {"regex": r"^nvidia\.com/mig\-1g\.5gb$",
+                                                      "values": {"gpu-type": ["a100"]}, "shadowed": []}
+    # The packaged rules' other MIG profiles exist on no gpu-type value; the exact names listed take precedence.
+    catch_all = families[r"^nvidia\.com/mig\-.*$"]
+    assert catch_all["values"] == {"gpu-type": []}
+    assert "nvidia.com/mig-1g.5gb" in catch_all["shadowed"] and len(catch_all["shadowed"]) == 11
     assert p["plans"][p["table"]["*#=*/*#=*/a100"]]["className"] == "workload=training,gpu-type=a100"
     (finding,) = p["plans"][p["table"]["*#=*/*#t4=*/a100"]]["findings"]
     assert finding["rule"] == "gpu-class-conflict"

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from webhook.policy import checking, inventory
-from webhook.policy.engine import gpu_requests
+from webhook.policy.checks import gpu_requests
 from webhook.policy.inventory import Node, Placement, Snapshot
 from webhook.policy.pods import mapping
 from webhook.policy.rules import Policy

@@ -22,8 +22,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from webhook.policy.dra_rules import IMPLICIT_PREFIX
 from webhook.policy.findings import Edit
-from webhook.policy.pods import Path, mapping, render_path
+from webhook.policy.pods import ContainerRef, Path, effective_count, mapping, render_path
 from webhook.policy.rules import Policy
 
 GROUP = "resource.k8s.io"
@@ -31,7 +32,7 @@ CLAIM_KINDS = ("ResourceClaim", "ResourceClaimTemplate")
 # A claim the resource-claim controller made from a Pod's template, and one kube-scheduler made for a Pod's
 # extended resources (KEP-5004): the template (or the Pod) was judged; the copy is never refused or changed.
 GENERATED_ANNOTATIONS = ("resource.kubernetes.io/pod-claim-name", "resource.kubernetes.io/extended-resource-claim")
-EXTENDED_PREFIX = "deviceclass.resource.kubernetes.io/"  # the implicit extended resource of a DeviceClass
+EXTENDED_PREFIX = IMPLICIT_PREFIX  # the implicit extended resource of a DeviceClass
 _SHOWN = 80  # at most this many characters of a name or expression the author wrote, in a message
 
 
@@ -284,18 +285,72 @@ def pod_devices(policy: Policy, templates: Sequence[Claim]) -> int:
     return sum(t.gpu_devices(policy) for t in templates)
 
 
-def implicit_classes(policy: Policy, spec: Mapping[str, Any]) -> list[str]:
-    """GPU DeviceClasses a pod spec asks for by their implicit extended resource
-    (`deviceclass.resource.kubernetes.io/<class>` in a container's limits or requests, KEP-5004)."""
-    found: list[str] = []
-    for list_name in ("initContainers", "containers"):
-        containers = spec.get(list_name)
-        for container in containers if isinstance(containers, list) else ():
-            resources = mapping(mapping(container).get("resources"))
-            for part in ("limits", "requests"):
-                for name in mapping(resources.get(part)):
-                    if isinstance(name, str) and name.startswith(EXTENDED_PREFIX):
-                        device_class = name[len(EXTENDED_PREFIX):]
-                        if policy.dra.is_gpu_class(device_class) and device_class not in found:
-                            found.append(device_class)
+@dataclass(frozen=True)
+class ExtendedAsk:
+    """A container resource that kube-scheduler serves from DRA devices of a GPU DeviceClass (KEP-5004: the class's
+    implicit name, or its `extendedResourceName`), counted over the Pod as the scheduler counts it."""
+
+    name: str
+    device_class: str
+    count: int
+    where: str  # the first container asking for it
+    implicit: bool  # `deviceclass.resource.kubernetes.io/<class>`: never a device plugin's
+
+    def describe(self) -> str:
+        return f"{self.name}: {self.count} ({self.where})"
+
+
+def extended_asks(policy: Policy, per_resource: Mapping[str, Sequence[tuple[ContainerRef, int]]]) -> list[ExtendedAsk]:
+    """The Pod's resources that DRA devices of a GPU DeviceClass serve, each with its effective count (> 0)."""
+    found = []
+    for name, counts in per_resource.items():
+        resource = policy.gpu_resource(name)
+        count = effective_count(list(counts))
+        if resource is None or resource.device_class is None or count == 0:
+            continue
+        where = next(cref.where() for cref, n in counts if n > 0)
+        found.append(ExtendedAsk(name, resource.device_class, count, where, resource.implicit))
     return found
+
+
+def check_extended(asks: Sequence[ExtendedAsk], namespace: str,
+                   allowed_classes: Sequence[str] | None) -> list[tuple[str, str]]:
+    """dra-class-not-allowed for a DRA-served resource of a DeviceClass the namespace may not use."""
+    if allowed_classes is None:
+        return []
+    allowed = ", ".join(IMPLICIT_PREFIX + c for c in allowed_classes) or "(none)"
+    return [("dra-class-not-allowed",
+             f"{ask.where}: asks for {ask.name}: {ask.count}, which kube-scheduler serves from devices of "
+             f"DeviceClass {ask.device_class} (KEP-5004), and namespace {namespace} may not use that class; ask "
+             f"for GPUs of a class it may use: {allowed}")
+            for ask in asks if ask.device_class not in allowed_classes]
+
+
+def check_pod_total(policy: Policy, spec_where: str, namespace: str, ns_max: int | None, chosen: ClaimClass,
+                    templates: Sequence[tuple[str, Claim]], asks: Sequence[ExtendedAsk],
+                    gpus: int) -> list[tuple[str, str]]:
+    """dra-pod-max: the GPU devices of the Pod's claim templates and of its DRA-served resources together, within
+    the class's, the DeviceClass's (when they are all of one) and the namespace's maxima. The class maximum
+    is left to gpu-class-max when the Pod's GPU resources alone exceed it (`gpus`)."""
+    total = pod_devices(policy, [t for _, t in templates]) + sum(a.count for a in asks)
+    classes = {a.device_class for _, t in templates for a in t.gpu_asks(policy)} | {a.device_class for a in asks}
+    only = next(iter(classes)) if len(classes) == 1 else ""
+    told = chosen.cap is not None and gpus > chosen.cap[0]
+    over = [(most, source) for most, source in limits(policy, namespace, ns_max, only, chosen)
+            if total > most and not (told and source.startswith(f"class {chosen.name} "))]
+    if not over:
+        return []
+    most, source = min(over)
+    if not asks:
+        names = ", ".join(shown(name) for name, _ in templates)
+        return [("dra-pod-max",
+                 f"{spec_where}.resourceClaims ({names}) ask for up to {total} GPU devices together but at most "
+                 f"{most} are allowed (set by {source}); use fewer claims, or ask for fewer devices in their "
+                 "templates")]
+    parts = [f"claim {shown(name)} (ResourceClaimTemplate {shown(t.name)})" for name, t in templates]
+    parts += [a.describe() for a in asks]
+    return [("dra-pod-max",
+             f"{spec_where} asks for {total} GPU devices through DRA ({'; '.join(parts)}) but at most {most} are "
+             f"allowed (set by {source}); ask for fewer")]
+
+

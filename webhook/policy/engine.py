@@ -26,17 +26,17 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any, Literal, NamedTuple
 
-from webhook.policy import claims, inventory, pods, quantity, selection
+from webhook.policy import checks, claims, inventory, pods, selection
 from webhook.policy.dra_rules import NamespaceDRA
 from webhook.policy.findings import Edit, Finding, Mode, Operation, Verdict
 from webhook.policy.inventory import Snapshot
 from webhook.policy.pods import ContainerRef, PodSpecRef, render_path
+from webhook.policy.resources import is_glob, offered
 from webhook.policy.rules import (
     ANNOTATION_PREFIX,
     Axis,
     Contribution,
     Expression,
-    GPUResource,
     NamespacePolicy,
     Policy,
 )
@@ -46,8 +46,6 @@ MIRROR_ANNOTATION = "kubernetes.io/config.mirror"
 CLASS_ANNOTATION = ANNOTATION_PREFIX + "class"
 RULES_ANNOTATION = ANNOTATION_PREFIX + "rules"
 DEFAULT_SCHEDULER = "default-scheduler"
-NO_GPU_VALUES = frozenset({"void", "none", ""})
-GPU_ENV = "NVIDIA_VISIBLE_DEVICES"
 
 
 class Context(NamedTuple):
@@ -176,8 +174,8 @@ def _evaluate_spec(policy: Policy, obj: Mapping[str, Any], ref: PodSpecRef, name
     A spec whose GPU quantities are wrong is still a GPU spec: its class is judged too, so that every
     independent problem is reported in one answer."""
     before = len(out.findings)
-    per_resource = _check_containers(policy, ref, out)
-    _check_pod_level(policy, ref, out)
+    per_resource = checks.check_containers(policy, ref, out)
+    checks.check_pod_level(policy, ref, out)
     flawed = len(out.findings) > before  # some GPU quantity is wrong: the spec asks for GPUs all the same
     gpus = 0
     placed = False  # some container asks for a resource that the classes place
@@ -187,7 +185,7 @@ def _evaluate_spec(policy: Policy, obj: Mapping[str, Any], ref: PodSpecRef, name
         placed = placed or ((count > 0 or flawed) and _placed_by_classes(policy, name))
     claims = inventory.gpu_claims(policy, ctx.inventory, namespace, ref.spec) if ctx.inventory else ()
     if gpus == 0 and not claims and not flawed:
-        _check_unaccounted_access(policy, ref, out)
+        checks.check_unaccounted_access(policy, ref, out)
         return None
     if not claims and not placed:
         return None, gpus
@@ -196,7 +194,7 @@ def _evaluate_spec(policy: Policy, obj: Mapping[str, Any], ref: PodSpecRef, name
         return None, gpus
     _check_class_fit(policy, ref, chosen, per_resource, gpus, out)
     if policy.gpu_device_classes:
-        _check_pod_claims(policy, ref, namespace, ctx, chosen, gpus, out)
+        _check_pod_claims(policy, ref, namespace, ctx, chosen, per_resource, gpus, out)
     if ref.spec_path == ("spec",) and isinstance(ref.spec.get("nodeName"), str) and ref.spec.get("nodeName"):
         out.add("gpu-node-name-preset",
                 f"spec.nodeName={ref.spec['nodeName']!r} bypasses the scheduler's GPU accounting; remove it "
@@ -230,7 +228,7 @@ def _check_inventory(policy: Policy, ref: PodSpecRef, chosen: ChosenClass, edits
                 "nodes and runtime classes were skipped; nothing to change in the Pod")
         return chosen, edits, True
     requests = {name: pods.effective_count(counts) for name, counts in per_resource.items()
-                if _placed_by_classes(policy, name)}
+                if _placed_by_classes(policy, name) and not checks.is_dra_served(policy, name)}
     spared = _spare_nodes(ref, chosen, snapshot, [name for name, count in requests.items() if count > 0], out)
     if spared is not chosen:
         chosen, edits = spared, _class_edits(policy, ref, spared)
@@ -339,127 +337,6 @@ def _is_runtime_edit(ref: PodSpecRef, edit: Edit) -> bool:
     return edit.path == ref.spec_path and edit.key == "runtimeClassName"
 
 
-# --------------------------------------------------------------------------------------------- containers
-
-
-def gpu_requests(policy: Policy, spec: Mapping[str, Any]) -> dict[str, int]:
-    """Each GPU resource a Pod's spec holds, counted as the scheduler counts it (`doctor`'s view of a Pod)."""
-    ref = PodSpecRef(("spec",), ("metadata",), spec, {}, False)
-    counted = _check_containers(policy, ref, _Collector(policy))
-    return {name: n for name, counts in counted.items() if (n := pods.effective_count(counts))}
-
-
-def _check_containers(policy: Policy, ref: PodSpecRef, out: _Collector) -> dict[str, list[tuple[ContainerRef, int]]]:
-    """Per-container quantity rules; returns, per GPU resource name, each container's valid count."""
-    per_resource: dict[str, list[tuple[ContainerRef, int]]] = {}
-    for cref in pods.containers(ref):
-        resources = cref.container.get("resources")
-        if not isinstance(resources, dict):
-            continue
-        limits = pods.mapping(resources.get("limits"))
-        requests = pods.mapping(resources.get("requests"))
-        for name in {**limits, **requests}:  # the names in limits, then those only in requests
-            resource = policy.gpu_resource(name) if isinstance(name, str) else None
-            if resource is not None:
-                count = _check_quantity(resource, cref, name, limits, requests, out)
-                per_resource.setdefault(name, []).append((cref, count))
-    return per_resource
-
-
-def _check_quantity(resource: GPUResource, cref: ContainerRef, name: str, limits: Mapping[str, Any],
-                    requests: Mapping[str, Any], out: _Collector) -> int:
-    """One GPU resource of one container; returns the count it asks for (0 when it is invalid)."""
-    values: dict[str, int | None] = {}
-    for part, table in (("limits", limits), ("requests", requests)):
-        if name not in table:
-            continue
-        raw = table[name]
-        try:
-            value = quantity.count(raw)
-        except quantity.QuantityError as err:
-            out.add("gpu-quantity-invalid", f"{_at(cref, part, name)} {err}")
-            values[part] = None
-            continue
-        if value < 0:
-            out.add("gpu-quantity-invalid",
-                    f'{_at(cref, part, name)} "{quantity.display(raw)}": must be greater than or equal to 0; '
-                    f"ask for a whole number of GPUs such as 1")
-            values[part] = None
-        elif not isinstance(value, int):
-            out.add("gpu-whole-number",
-                    f'{_at(cref, part, name)} "{quantity.display(raw)}": must be an integer; a GPU cannot be split'
-                    f" this way: ask for whole GPUs, or use a shared (nvidia.com/gpu.shared) or "
-                    f"MIG (nvidia.com/mig-1g.5gb) resource")
-            values[part] = None
-        else:
-            values[part] = value
-    limit, request = values.get("limits"), values.get("requests")
-    if "requests" in values and "limits" not in values:
-        out.add("gpu-limits-required",
-                f"{cref.where()}: {name} is in requests but not in limits; GPUs are requested in limits: move "
-                f"{name}: {quantity.display(requests[name])} to resources.limits")
-        return 0
-    if limit is not None and request is not None and limit != request:
-        out.add("gpu-requests-equal-limits",
-                f'{cref.where()}: resources.requests: Invalid value: "{quantity.display(requests[name])}": '
-                f"must be equal to {name} limit of {quantity.display(limits[name])}; set requests equal to limits, "
-                f"or remove the request (it defaults to the limit)")
-    count = limit if limit is not None else 0
-    if resource.max_per_container is not None and count > resource.max_per_container:
-        why = f" ({resource.reason})" if resource.reason else ""
-        out.add("gpu-per-container-max",
-                f"{cref.where()}: asks for {count} {name} but a container may have at most {resource.max_per_container}"
-                f"{why}; ask for {resource.max_per_container}, or use whole GPUs (nvidia.com/gpu)")
-    return count
-
-
-def _at(cref: ContainerRef, part: str, name: str) -> str:
-    return f"{cref.where()}: resources.{part}[{name}]: Invalid value:"
-
-
-def _check_pod_level(policy: Policy, ref: PodSpecRef, out: _Collector) -> None:
-    resources = ref.spec.get("resources")
-    if not isinstance(resources, dict):
-        return
-    for part in ("limits", "requests"):
-        table = resources.get(part)
-        if not isinstance(table, dict):
-            continue
-        for name in table:
-            if isinstance(name, str) and policy.gpu_resource(name):
-                out.add("gpu-pod-level-resources",
-                        f"{render_path((*ref.spec_path, 'resources', part))}[{name}]: GPUs cannot be set in pod-level "
-                        "resources (only cpu, memory and hugepages can); move it to each container's "
-                        "resources.limits")
-
-
-def _check_unaccounted_access(policy: Policy, ref: PodSpecRef, out: _Collector) -> None:
-    """A spec with no GPU request that can still reach GPUs, or sits on GPU nodes for nothing."""
-    for cref in pods.containers(ref):
-        env = cref.container.get("env")
-        for var in env if isinstance(env, list) else []:
-            if isinstance(var, dict) and var.get("name") == GPU_ENV and "value" in var:
-                value = str(var.get("value") or "")
-                if value.strip().lower() not in NO_GPU_VALUES:
-                    out.add("gpu-env-without-request",
-                            f"{cref.where()}: {GPU_ENV}={value} reaches GPUs the scheduler does not count; "
-                            "request nvidia.com/gpu in limits")
-    runtime = ref.spec.get("runtimeClassName")
-    if isinstance(runtime, str) and runtime in policy.gpu_runtime_classes:
-        out.add("gpu-runtime-without-request",
-                f"{render_path((*ref.spec_path, 'runtimeClassName'))}={runtime} without a GPU request; "
-                "request nvidia.com/gpu in limits or drop it")
-    tolerations = ref.spec.get("tolerations")
-    taint_keys = policy.gpu_taint_keys
-    for tol in tolerations if isinstance(tolerations, list) else []:
-        key = tol.get("key") if isinstance(tol, dict) else None
-        if isinstance(key, str) and key in taint_keys and tol.get("effect") in (None, "", "NoSchedule"):
-            out.add("gpu-toleration-without-request",
-                    f"{render_path((*ref.spec_path, 'tolerations'))}: tolerates {tol.get('key')} with no GPU "
-                    "request (it may hold a GPU node); drop it or request a GPU")
-            break
-
-
 # --------------------------------------------------------------------------------------------- classes
 
 
@@ -551,7 +428,8 @@ def _stranded(policy: Policy, axis: Axis, pick: Pick, terms: tuple[Term, ...]) -
             "rules class (its other terms select nodes no class has)")
 
 
-_Limit = tuple[frozenset[str], str, ContainerRef]  # the values a resource exists on, its name, who asks
+# The values a resource exists on, its name, who asks, and what each value offers of its family (for messages).
+_Limit = tuple[frozenset[str], str, ContainerRef, str]
 _Unsaid = Literal["open", "refused", "left out"]
 
 
@@ -565,7 +443,10 @@ def _resource_limits(policy: Policy, per_resource: Mapping[str, list[tuple[Conta
             continue
         for axis_name, values in resource.valid_for.items():
             known = limits.get(axis_name)
-            limits[axis_name] = (values if known is None else known[0] & values, name, counts[0][0])
+            family = resource.pattern.split("*")[0] if is_glob(resource.pattern) else name
+            axis_values = next((list(a.values) for a in policy.axes if a.name == axis_name), [])
+            offers = offered(policy.resources, axis_name, axis_values, family) if not values else ""
+            limits[axis_name] = (values if known is None else known[0] & values, name, counts[0][0], offers)
     return limits
 
 
@@ -610,10 +491,11 @@ def _said_by_pod(ref: PodSpecRef, axis: Axis, labels: Mapping[str, Any], terms: 
                     f"admits {names}; remove the label or that selector, so that only one of them names the GPU")
             return "refused"
         if limit is not None and value not in limit[0]:
-            out.add("gpu-class-conflict",
-                    f'{label_at} is "{value}" but {limit[2].where()} asks for {limit[1]}, which exists only on '
-                    f"{axis.name} {', '.join(sorted(limit[0]))}; set the label to one of those, or ask for "
-                    "another resource")
+            where = (f"exists only on {axis.name} {', '.join(sorted(limit[0]))}; set the label to one of those"
+                     if limit[0] else f"no {axis.name} value of the rules offers ({limit[3]}); "
+                     "remove the label")
+            out.add("gpu-class-conflict", f'{label_at} is "{value}" but {limit[2].where()} asks for {limit[1]}, '
+                    f"which {where}, or ask for another resource")
             return "refused"
         return Pick(axis, value, f"label {axis.label}")
     admits = _within(selected, limit)
@@ -622,6 +504,11 @@ def _said_by_pod(ref: PodSpecRef, axis: Axis, labels: Mapping[str, Any], terms: 
               f"rules covers ({', '.join(axis.values)}), so {axis.name} is left as the Pod chose it (to use a class "
               f"instead, replace that selector with the label {axis.label}); to class this GPU, add it to the rules' "
               "aliases")
+        return "left out"
+    if limit is not None and not limit[0]:
+        _skip(axis, out, skipped, f"{limit[2].where()} asks for {limit[1]}, which no {axis.name} value of the rules "
+              f"offers ({limit[3]}), so no {axis.name} is implied and the Pod goes where the scheduler finds it; ask "
+              "for what a value offers, or add its GPU to the rules")
         return "left out"
     if admits is not None and not admits and limit is not None:
         _skip(axis, out, skipped, f"{selection.describe(axis, terms)} selects {axis.name} "
@@ -934,32 +821,27 @@ def _claim_class(policy: Policy, chosen: ChosenClass) -> claims.ClaimClass:
     return claims.ClaimClass(chosen.name, _plan(policy, chosen).cap, {k: tuple(v) for k, v in mine.items()}, others)
 
 
-def _check_pod_claims(policy: Policy, ref: PodSpecRef, namespace: str, ctx: Context, chosen: ChosenClass, gpus: int,
-                      out: _Collector) -> None:
-    """A GPU Pod's DRA side: GPU extended resources and GPU claims together (one GPU handed out twice), and the
-    GPU devices of its claims' templates (known from the inventory) within the maxima."""
+def _check_pod_claims(policy: Policy, ref: PodSpecRef, namespace: str, ctx: Context, chosen: ChosenClass,
+                      per_resource: Mapping[str, list[tuple[ContainerRef, int]]], gpus: int, out: _Collector) -> None:
+    """A GPU Pod's DRA side: GPUs asked for as extended resources and also through DRA (a claim template of a GPU
+    class, known from the inventory, or a class's implicit name: one GPU handed out twice), the DeviceClasses of
+    its DRA-served resources (KEP-5004), and its DRA devices together within the maxima (`webhook.policy.claims`)."""
     templates = inventory.gpu_claim_templates(policy, ctx.inventory, namespace, ref.spec) if ctx.inventory else []
-    implicit = claims.implicit_classes(policy, ref.spec)
-    if gpus > 0 and (templates or implicit):
+    asks = claims.extended_asks(policy, per_resource)
+    implicit = [a for a in asks if a.implicit]
+    plain = gpus - sum(a.count for a in implicit)  # the GPUs a device plugin may hand out
+    if plain > 0 and (templates or implicit):
         via = [f"claim {claims.shown(name)} (ResourceClaimTemplate {claims.shown(t.name)})" for name, t in templates]
-        via += [f"{claims.EXTENDED_PREFIX}{c}" for c in implicit]
+        via += [a.name for a in implicit]
         out.add("dra-double-allocation",
-                f"{render_path(ref.spec_path)} asks for GPUs as extended resources ({gpus}) and also for GPU devices "
+                f"{render_path(ref.spec_path)} asks for GPUs as extended resources ({plain}) and also for GPU devices "
                 f"through {', '.join(via)}: the device plugin and the DRA driver may hand out the same GPU, or the "
                 "Pod gets more GPUs than meant; ask for GPUs one way only (the claims, or the resource)")
-    if not templates:
+    if not templates and not asks:
         return
-    total = claims.pod_devices(policy, [t for _, t in templates])
-    view = _claim_class(policy, chosen)
     ns_dra = _namespace_dra(policy, namespace, ctx)
-    classes = {a.device_class for _, t in templates for a in t.gpu_asks(policy)}
-    only = next(iter(classes)) if len(classes) == 1 else ""
-    over = [(most, source) for most, source in claims.limits(policy, namespace, ns_dra.max_devices, only, view)
-            if total > most]
-    if over:
-        most, source = min(over)
-        names = ", ".join(claims.shown(name) for name, _ in templates)
-        out.add("dra-pod-max",
-                f"{render_path(ref.spec_path)}.resourceClaims ({names}) ask for up to {total} GPU devices "
-                f"together but at most {most} are allowed (set by {source}); use fewer claims, or ask for fewer "
-                "devices in their templates")
+    found = claims.check_extended(asks, namespace, ns_dra.device_classes)
+    found += claims.check_pod_total(policy, render_path(ref.spec_path), namespace, ns_dra.max_devices,
+                                    _claim_class(policy, chosen), templates, asks, gpus)
+    for rule, message in found:
+        out.add(rule, message)

@@ -44,8 +44,10 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from webhook.policy import engine, native_cel
+from webhook.policy.dra_rules import IMPLICIT_PREFIX
 from webhook.policy.findings import Verdict
-from webhook.policy.rules import RULES, Axis, GPUResource, LabelValues, Policy
+from webhook.policy.resources import GPUResource
+from webhook.policy.rules import RULES, Axis, LabelValues, Policy
 
 Mode = Literal["native", "hybrid"]
 Json = dict[str, Any]
@@ -324,11 +326,16 @@ def params(policy: Policy) -> Json:
         "resources": [{"name": r.pattern, "regex": _resource_regex(r.pattern),
                        "maxPerContainer": r.max_per_container or 0, "reason": r.reason or "",
                        "classes": r.classes, "validFor": bool(r.valid_for)} for r in policy.resources],
-        "gpuExact": {r.pattern: _kind(r) for r in policy.resources if not _is_pattern(r.pattern)},
+        "gpuExact": {**{IMPLICIT_PREFIX + c: "placed" if rule.classes else "checked"
+                        for c, rule in policy.dra.device_classes.items()},
+                     **{r.pattern: _kind(r) for r in policy.resources if not _is_pattern(r.pattern)}},
         "gpuGlobs": [{"regex": _resource_regex(r.pattern), "kind": _kind(r)} for r in policy.resources
                      if _is_pattern(r.pattern)],
+        # A glob family does not hold the exact names listed before it (`webhook.policy.resources.ordered`).
         "validFor": [{"regex": _resource_regex(r.pattern),
-                      "values": {a: [v for v in by_name[a].values if v in vs] for a, vs in r.valid_for.items()}}
+                      "values": {a: [v for v in by_name[a].values if v in vs] for a, vs in r.valid_for.items()},
+                      "shadowed": [e.pattern for e in policy.resources if not _is_pattern(e.pattern)
+                                 and _is_pattern(r.pattern) and r.matches(e.pattern)]}
                      for r in policy.resources if r.valid_for and r.classes],
         "gpuRuntimeClasses": sorted(policy.gpu_runtime_classes),
         "gpuTaintKeys": sorted(policy.gpu_taint_keys),
@@ -390,7 +397,8 @@ def crd() -> Json:
             "classes": {"type": "boolean"}, "validFor": {"type": "boolean"}}}},
         "validFor": {"type": "array", "maxItems": 16, "items": {"type": "object", "properties": {
             "regex": _bounded_string(1024), "values": {"type": "object", "maxProperties": 8, "additionalProperties": {
-                "type": "array", "maxItems": 32, "items": _bounded_string(63)}}}}},
+                "type": "array", "maxItems": 32, "items": _bounded_string(63)}},
+            "shadowed": {"type": "array", "maxItems": 64, "items": _bounded_string()}}}},
         "gpuExact": _applied_map(_string_map(256, 16)),
         "gpuGlobs": {"type": "array", "maxItems": 64, "items": {"type": "object", "properties": {
             "regex": _bounded_string(1024), "kind": _bounded_string(16)}}},

@@ -97,6 +97,10 @@ def _limit_count(c: str, placed: bool) -> str:
             f".map(r, {_count(f'{c}.resources.limits[r]')}).sum() : 0)")
 
 
+# Resource r is of validFor family e: its regex, less the exact names listed before a glob (they take precedence).
+_FAMILY = "(r.matches(e.regex) && !(r in e.shadowed))"
+
+
 def _variables_gpu() -> list[tuple[str, str]]:
     sidecar = "(has(c.restartPolicy) && c.restartPolicy == 'Always')"
     return [
@@ -116,12 +120,12 @@ def _variables_gpu() -> list[tuple[str, str]]:
                      "has(variables.spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution)"),
         # The validFor families the Pod asks for (in limits or requests), and the first container asking.
         ("vf", f"{P}.validFor.filter(e, (variables.spec.containers + variables.initial).exists(c, "
-               "has(c.resources) && ((has(c.resources.limits) && c.resources.limits.exists(r, r.matches(e.regex))) "
-               "|| (has(c.resources.requests) && c.resources.requests.exists(r, r.matches(e.regex))))))"),
+               "has(c.resources) && ((has(c.resources.limits) && c.resources.limits.exists(r, " + _FAMILY + ")) "
+               "|| (has(c.resources.requests) && c.resources.requests.exists(r, " + _FAMILY + ")))))"),
         ("vfContainers", "size(variables.vf) == 0 ? [] : (variables.initial + variables.spec.containers).filter(c, "
                          "has(c.resources) && ((has(c.resources.limits) && c.resources.limits.exists(r, "
-                         "variables.vf.exists(e, r.matches(e.regex)))) || (has(c.resources.requests) && "
-                         "c.resources.requests.exists(r, variables.vf.exists(e, r.matches(e.regex))))))"),
+                         "variables.vf.exists(e, " + _FAMILY + "))) || (has(c.resources.requests) && "
+                         "c.resources.requests.exists(r, variables.vf.exists(e, " + _FAMILY + ")))))"),
         ("limitWhere", "size(variables.vfContainers) == 0 ? '' : variables.specPath + '.' + "
                        "(variables.initial.exists(i, i == variables.vfContainers[0]) ? 'initContainers[' + "
                        "string(variables.initial.indexOf(variables.vfContainers[0])) : 'containers[' + "
@@ -131,7 +135,7 @@ def _variables_gpu() -> list[tuple[str, str]]:
                           "? variables.vfContainers[0].resources.limits.map(r, r) : []) + "
                           "(has(variables.vfContainers[0].resources.requests) ? "
                           "variables.vfContainers[0].resources.requests.map(r, r) : [])).filter(r, "
-                          "variables.vf.exists(e, r.matches(e.regex)))[0]"),
+                          "variables.vf.exists(e, " + _FAMILY + "))[0]"),
         ("nsKey", f"request.namespace in {P}.namespaces ? {P}.namespaces[request.namespace] : '*'"),
         ("key", f"variables.nsKey + {P}.axes.map(a, '#' + (a.label in variables.labels ? variables.labels[a.label] "
                 ": '') + '=' + (a.keys.exists(k, k in variables.sel) ? a.values.filter(v, a.keys.all(k, "

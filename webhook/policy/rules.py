@@ -32,6 +32,8 @@ from webhook.policy.dra_rules import DRARules, NamespaceDRA, check_selectors, dr
 from webhook.policy.findings import Enforcement
 from webhook.policy.manifests_io import yaml_documents
 from webhook.policy.pods import render_path
+from webhook.policy.resources import GPUResource, find, ordered
+from webhook.policy.resources import check as check_resources
 from webhook.policy.usage import UsageRules, usage_rules
 
 API_VERSION = "gpu-webhook.io/v1alpha1"
@@ -173,20 +175,6 @@ class Axis:
 
 
 @dataclass(frozen=True)
-class GPUResource:
-    """An extended resource (or glob of them) that counts as a GPU."""
-
-    pattern: str
-    max_per_container: int | None = None
-    reason: str | None = None
-    classes: bool = True
-    valid_for: Mapping[str, frozenset[str]] = field(default_factory=dict)  # axis -> the values it exists on
-
-    def matches(self, name: str) -> bool:
-        return fnmatch.fnmatchcase(name, self.pattern)
-
-
-@dataclass(frozen=True)
 class NamespacePolicy:
     """A namespace's default class values and the values it may use, by axis name.
 
@@ -235,11 +223,12 @@ class Policy:
         return self.enforcement.get(rule, RULES[rule][0])
 
     def gpu_resource(self, name: str) -> GPUResource | None:
-        """The GPU family entry for a resource name, or None when the name is not a GPU (memoised per name)."""
+        """The GPU family entry for a resource name, or None when the name is not a GPU (memoised per name):
+        `gpuResources`, and the names GPU DeviceClasses serve (`webhook.policy.resources`)."""
         try:
             return self._resource_cache[name]
         except KeyError:
-            found = next((r for r in self.resources if r.matches(name)), None)
+            found = find(self.resources, self.dra, name)
             if len(self._resource_cache) < 4096:
                 self._resource_cache[name] = found
             return found
@@ -440,7 +429,7 @@ def _build(spec: Mapping[str, Any], origin: _Origin, sources: tuple[str, ...]) -
         return RuleError(f"{where}: {render_path(path)}: {problem}")
 
     classes = spec.get("classes") or {}
-    dra = dra_rules(spec)
+    dra = dra_rules(spec, fail)
     axes = tuple(_axis(name, body) for name, body in (classes.get("axes") or {}).items())
     by_name = {a.name: a for a in axes}
     for axis in axes:
@@ -499,12 +488,13 @@ def _build(spec: Mapping[str, Any], origin: _Origin, sources: tuple[str, ...]) -
             raise fail(("spec", "enforcement", rule), f'unknown rule id "{rule}"{hint}')
         enforcement[rule] = level
 
-    resources: tuple[GPUResource, ...] = tuple(
+    resources: tuple[GPUResource, ...] = ordered(
         GPUResource(pattern=name, max_per_container=(body or {}).get("maxPerContainer"),
                     reason=(body or {}).get("reason"), classes=(body or {}).get("classes", True),
                     valid_for={k: frozenset(v) for k, v in ((body or {}).get("validFor") or {}).items()})
         for name, body in (spec.get("gpuResources") or {}).items()
     )
+    check_resources(resources, dra, fail)
     for resource in resources:
         for axis_name, values in resource.valid_for.items():
             where = ("spec", "gpuResources", resource.pattern, "validFor", axis_name)
