@@ -156,6 +156,13 @@ def intended(doc: dict[str, Any], webhook: dict[str, Any], native: dict[str, Any
             families |= {r.pattern for n in names if (r := policy.gpu_resource(n)) is not None and r.valid_for}
         if len(families) > 1:
             return "deferred to the webhook: " + compiled.DEFERRED["validFor"]
+        requested_only = any(
+            policy.gpu_resource(n) is not None and n not in ((c.get("resources") or {}).get("limits") or {})
+            for c in [*(spec.get("containers") or []), *(spec.get("initContainers") or [])]
+            for n in ((c.get("resources") or {}).get("requests") or {}))
+        if (requested_only and not webhook["allowed"] and not native["allowed"] and native["denied"]
+                and set(native["denied"]) <= set(webhook["denied"])):
+            return "refused in both; " + compiled.COUNTED_FROM_LIMITS
     only = set(compiled.WEBHOOK_ONLY)
     said = set(webhook["denied"]) | set(webhook["warned"])
     if said & only and not webhook["allowed"] and not set(webhook["denied"]) - only:

@@ -89,6 +89,11 @@ DEFERRED = {
     "affinity": "the Pod's required node affinity chooses its class (terms, operators, globs: the engine decides)",
     "validFor": "the Pod asks for two GPU resources that exist only on some values (validFor)",
 }
+# What native mode counts differently from the webhook, where both refuse the Pod (docs/dra.md): a GPU resource
+# in a container's requests without a limit (allowed for the implicit DeviceClass names) is counted by the webhook
+# as the scheduler allocates it, and refused by both as gpu-limits-required; native mode counts limits only.
+COUNTED_FROM_LIMITS = ("native mode counts GPUs from limits only; the webhook also counts a DRA-served name "
+                       "requested without a limit, as kube-scheduler allocates it")
 # Rules judged natively but where the API server's own validation answers first for Pods (it runs after the
 # mutating stage and before the validating one): the native message is then the API server's.
 API_VALIDATED = ("gpu-limits-required", "gpu-requests-equal-limits", "gpu-whole-number", "gpu-quantity-invalid",
