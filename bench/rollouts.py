@@ -7,7 +7,8 @@ for each create that was refused or admitted unmutated. Prints numbers; not a te
 Starts the e2e control plane and the real node (root, as `pytest -m e2e` does), installs the chart from the image
 (tests/e2e/test_21_installed.py's way), then, one operation at a time, runs a create loop (server-side dry runs of
 the seed's one-GPU Pod: both webhooks are called, nothing is stored) while `kubectl rollout restart`, a webhook Pod
-deleted, or a `helm upgrade` that edits the rules replaces the webhook's Pods. `--busy N` keeps N processes
+deleted or evicted (what `kubectl drain` does to each Pod), or a `helm upgrade` that edits the rules replaces the
+webhook's Pods. `--busy N` keeps N processes
 spinning on the CPU throughout, so that the control plane, the kubelet and the webhook compete for the cores.
 `--stale N` adds N rollouts during which the EndpointSlice controller cannot update the webhook Service's slices
 for `--stale-seconds` (a ValidatingAdmissionPolicy refuses the writes, and the controller retries with its
@@ -42,7 +43,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests" / "e2e"))
 
 from cluster import WEBHOOK_NAMESPACE, Cluster, CreateLoop, running_cluster, wait_until  # noqa: E402
-from installed import CHART, RELEASE, InstalledWebhook  # noqa: E402
+from installed import CHART, RELEASE, InstalledWebhook, endpoint_slices_frozen  # noqa: E402
 from realnode import BRIDGE, RealNode, build_node_binaries  # noqa: E402
 
 NAMESPACE = "bench-rollouts"
@@ -147,33 +148,6 @@ def busy(count: int) -> Iterator[None]:
             proc.wait()
 
 
-FREEZE_SLICES = f"""
-apiVersion: admissionregistration.k8s.io/v1
-kind: ValidatingAdmissionPolicy
-metadata: {{name: freeze-webhook-endpointslices}}
-spec:
-  failurePolicy: Fail
-  matchConstraints:
-    resourceRules:
-      - apiGroups: [discovery.k8s.io]
-        apiVersions: ["*"]
-        resources: [endpointslices]
-        operations: [CREATE, UPDATE, DELETE]
-    objectSelector:
-      matchLabels: {{kubernetes.io/service-name: {RELEASE}}}
-  validations:
-    - expression: "false"
-      message: frozen by bench/rollouts.py --stale
----
-apiVersion: admissionregistration.k8s.io/v1
-kind: ValidatingAdmissionPolicyBinding
-metadata: {{name: freeze-webhook-endpointslices}}
-spec:
-  policyName: freeze-webhook-endpointslices
-  validationActions: [Deny]
-"""
-
-
 def pod_names(installed: InstalledWebhook) -> set[str]:
     return {p["metadata"]["name"] for p in installed.pods()}
 
@@ -201,18 +175,24 @@ def operation(kind: str, number: int, cluster: Cluster, installed: InstalledWebh
         victim = sorted(before)[0]
         cluster.kubectl("delete", "pod", victim, "-n", WEBHOOK_NAMESPACE, "--wait=false")
         wait_until(replaced(cluster, installed, {victim}, every=True), 300, "the replacement", interval=1)
+    elif kind == "eviction":
+        # What `kubectl drain` does to each Pod of a node: the Eviction API, which honours the PodDisruptionBudget.
+        victim = sorted(before)[0]
+        eviction = {"apiVersion": "policy/v1", "kind": "Eviction",
+                    "metadata": {"name": victim, "namespace": WEBHOOK_NAMESPACE}}
+        status, answer = cluster.raw("POST", f"/api/v1/namespaces/{WEBHOOK_NAMESPACE}/pods/{victim}/eviction",
+                                     eviction)
+        if status != 201:
+            raise RuntimeError(f"evicting {victim}: {status} {answer}")
+        wait_until(replaced(cluster, installed, {victim}, every=True), 300, "the replacement", interval=1)
     elif kind == "stale":
         # `kubectl rollout restart` while the EndpointSlice controller cannot write the Service's slices for
         # `stale_seconds` (a ValidatingAdmissionPolicy refuses them; the controller retries with its backoff, as
         # it logs "Error syncing endpoint slices for service, retrying"): the API server's resolver lists the old
         # Pods as Ready after their deletion, as on a control plane whose slice updates lag.
-        cluster.kubectl("apply", "-f", "-", input=FREEZE_SLICES)
-        try:
+        with endpoint_slices_frozen(cluster):
             cluster.kubectl("rollout", "restart", f"deployment/{RELEASE}", "-n", WEBHOOK_NAMESPACE)
             time.sleep(stale_seconds)
-        finally:
-            cluster.kubectl("delete", "validatingadmissionpolicybinding,validatingadmissionpolicy",
-                            "freeze-webhook-endpointslices", "--ignore-not-found")
         wait_until(replaced(cluster, installed, before, every=True), 300, "the rollout", interval=1)
     else:
         values = home / f"upgrade-{number}.yaml"
@@ -297,6 +277,7 @@ def main() -> int:
     parser.add_argument("--rollouts", type=int, default=10)
     parser.add_argument("--deletions", type=int, default=3)
     parser.add_argument("--upgrades", type=int, default=3)
+    parser.add_argument("--evictions", type=int, default=0, help="webhook Pods evicted, as a node drain does")
     parser.add_argument("--stale", type=int, default=0,
                         help="rollouts while the webhook's EndpointSlices cannot be updated")
     parser.add_argument("--stale-seconds", type=float, default=12, help="how long they cannot")
@@ -311,7 +292,7 @@ def main() -> int:
     if evidence:
         evidence.mkdir(parents=True, exist_ok=True)
     plan = (["rollout"] * args.rollouts + ["deletion"] * args.deletions + ["upgrade"] * args.upgrades
-            + ["stale"] * args.stale)
+            + ["eviction"] * args.evictions + ["stale"] * args.stale)
     totals = {"mutated": 0, "unmutated": 0, "refused": 0}
     with tempfile.TemporaryDirectory(prefix="rollouts-") as tmp, running_cluster(Path(tmp) / "cluster") as cluster:
         node = RealNode(cluster=cluster, bindir=build_node_binaries(), workdir=Path(tmp) / "node")

@@ -11,9 +11,11 @@ and restored afterwards, so the rest of the suite is unaffected.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import subprocess
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,6 +38,48 @@ ON_THE_REAL_NODE: Json = {
     "topologySpread": {"enabled": False},
     "certificates": {"mode": "generate"},
 }
+
+
+# A ValidatingAdmissionPolicy that refuses every write to the chart Service's EndpointSlices. The EndpointSlice
+# controller then retries with its backoff ("Error syncing endpoint slices for service, retrying"), and the API
+# server's resolver keeps the Pods it listed as Ready after their deletion, as on a control plane whose slice
+# updates lag.
+FREEZE_SLICES = f"""
+apiVersion: admissionregistration.k8s.io/v1
+kind: ValidatingAdmissionPolicy
+metadata: {{name: freeze-webhook-endpointslices}}
+spec:
+  failurePolicy: Fail
+  matchConstraints:
+    resourceRules:
+      - apiGroups: [discovery.k8s.io]
+        apiVersions: ["*"]
+        resources: [endpointslices]
+        operations: [CREATE, UPDATE, DELETE]
+    objectSelector:
+      matchLabels: {{kubernetes.io/service-name: {RELEASE}}}
+  validations:
+    - expression: "false"
+      message: frozen by the e2e suite to make the webhook's endpoints lag
+---
+apiVersion: admissionregistration.k8s.io/v1
+kind: ValidatingAdmissionPolicyBinding
+metadata: {{name: freeze-webhook-endpointslices}}
+spec:
+  policyName: freeze-webhook-endpointslices
+  validationActions: [Deny]
+"""
+
+
+@contextlib.contextmanager
+def endpoint_slices_frozen(cluster: ControlPlane) -> Iterator[None]:
+    """While inside, the chart Service's EndpointSlices cannot change (FREEZE_SLICES)."""
+    cluster.kubectl("apply", "-f", "-", input=FREEZE_SLICES)
+    try:
+        yield
+    finally:
+        cluster.kubectl("delete", "validatingadmissionpolicybinding,validatingadmissionpolicy",
+                        "freeze-webhook-endpointslices", "--ignore-not-found")
 
 
 def _built(script: Path) -> str:
