@@ -1,5 +1,5 @@
 """The cluster state the webhook reads: frozen snapshots of nodes, runtime classes, namespaces and DRA claim
-templates, and the parsing of each from its API JSON.
+templates, the DRA inventory's view (`webhook.policy.dra_inventory`), and the parsing of each from its API JSON.
 
 Pure: API objects come in as plain JSON mappings (`*_from_api`); a field of the wrong JSON type is ignored. The
 decisions that read a snapshot are in `webhook.policy.inventory`.
@@ -14,6 +14,7 @@ from typing import Any
 
 from webhook.policy import claims, quantity
 from webhook.policy.claims import Claim
+from webhook.policy.dra_inventory import DraView
 from webhook.policy.node_index import NodeIndex, NodeList, NodeView
 from webhook.policy.pods import mapping
 
@@ -89,6 +90,7 @@ class Snapshot:
     runtime_classes: Mapping[str, RuntimeClass] = field(default_factory=dict)
     namespaces: Mapping[str, Namespace] = field(default_factory=dict)
     claim_templates: Mapping[tuple[str, str], ClaimTemplate] = field(default_factory=dict)
+    dra: DraView = field(default_factory=DraView, compare=False)  # ResourceSlices, DeviceClasses, ResourceClaims
     synced: bool = True
     reason: str = ""
     index: NodeView = field(init=False, repr=False, compare=False)
@@ -115,13 +117,15 @@ def snapshot_from_api(nodes: Iterable[Mapping[str, Any]] = (), runtime_classes: 
 
 
 def snapshot_of(nodes: Iterable[Node], runtime_classes: Iterable[RuntimeClass], namespaces: Iterable[Namespace],
-                claim_templates: Iterable[ClaimTemplate], *, synced: bool = True, reason: str = "") -> Snapshot:
+                claim_templates: Iterable[ClaimTemplate], *, dra: DraView | None = None, synced: bool = True,
+                reason: str = "") -> Snapshot:
     """A snapshot from parsed objects: nodes in name order, the rest keyed as the checks look them up."""
     return Snapshot(
         nodes=nodes if isinstance(nodes, NodeList) else tuple(nodes),
         runtime_classes={r.name: r for r in runtime_classes},
         namespaces={n.name: n for n in namespaces},
         claim_templates={(c.namespace, c.name): c for c in claim_templates},
+        dra=dra if dra is not None else DraView(),
         synced=synced,
         reason=reason,
     )
