@@ -38,6 +38,8 @@ from typing import Any, Literal
 
 import immutables
 
+from webhook.policy import claims
+
 MAX_TRACKED = 256
 SHOWN = 3  # node names kept in an answer
 ALL_DEVICES: None = None  # a request's count under `allocationMode: All`
@@ -110,6 +112,16 @@ class ResourceClaim:
     allocated: bool = False
     devices: int = 0  # devices allocated
     reserved_for: int = 0  # consumers (Pods) it is reserved for
+
+    def as_claim(self) -> claims.Claim:
+        """As the rules read a claim (`webhook.policy.claims`): its requests' DeviceClasses and counts, no selectors
+        (a claim by name is judged when it is created; a Pod's rules count its devices)."""
+        path = ("spec", "devices", "requests")
+        return claims.Claim("ResourceClaim", self.name, tuple(
+            claims.Request(r.name, tuple(
+                claims.DeviceAsk(f"request {claims.shown(r.name)}", path, a.device_class, a.count, a.count is None,
+                                 False, (), False) for a in r.alternatives), len(r.alternatives) > 1)
+            for r in self.requests), {})
 
 
 # --------------------------------------------------------------------------------------------- parsing
@@ -456,6 +468,16 @@ class DraView:
 
 
 # --------------------------------------------------------------------------------------------- writer
+
+
+def view_from_api(slices: Iterable[Mapping[str, Any]] = (), classes: Iterable[Mapping[str, Any]] = (),
+                  resource_claims: Iterable[Mapping[str, Any]] = ()) -> DraView:
+    """A view of DRA objects given at once (a dump for `check --nodes` and the rule cases), parsed as the server's."""
+    index = DraIndex()
+    index.replace("resourceslices", map(slice_from_api, slices))
+    index.replace("deviceclasses", map(device_class_from_api, classes))
+    index.replace("resourceclaims", map(resource_claim_from_api, resource_claims))
+    return index.view()
 
 
 class DraIndex:

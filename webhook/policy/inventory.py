@@ -560,34 +560,26 @@ def time_sliced_findings(snapshot: Snapshot, where: Placement, resource: str, co
 
 
 def gpu_claims(policy: Policy, snapshot: Snapshot, namespace: str, spec: Mapping[str, Any]) -> tuple[str, ...]:
-    """The Pod's resource claims whose template uses a GPU DeviceClass (`policy.gpu_device_classes`)."""
-    if not policy.gpu_device_classes or not snapshot.synced:
-        return ()
-    found: list[str] = []
-    for claim in _list(spec.get("resourceClaims")):
-        claim = mapping(claim)
-        template_name = claim.get("resourceClaimTemplateName") or mapping(claim.get("source")).get(
-            "resourceClaimTemplateName")
-        template = snapshot.claim_templates.get((namespace, str(template_name))) if template_name else None
-        if template is None:
-            continue
-        classes = [c for c in template.device_classes if c in policy.gpu_device_classes]
-        if classes:
-            found.append(f"{claim.get('name')} (ResourceClaimTemplate {template.name}: {', '.join(classes)})")
-    return tuple(found)
+    """The Pod's resource claims whose template, or ResourceClaim by name, uses a GPU DeviceClass."""
+    return tuple(f"{name} ({claim.kind} {claim.name}: {', '.join(dict.fromkeys(a.device_class for a in asks))})"
+                 for name, claim in gpu_claim_templates(policy, snapshot, namespace, spec)
+                 if (asks := claim.gpu_asks(policy)))
 
 
 def gpu_claim_templates(policy: Policy, snapshot: Snapshot, namespace: str,
                         spec: Mapping[str, Any]) -> list[tuple[str, Claim]]:
-    """(the Pod's claim name, its template) for each of the Pod's claims whose template asks for GPU devices."""
+    """(the Pod's claim name, what it names) for each of the Pod's claims whose ResourceClaimTemplate, or
+    ResourceClaim by name (`resourceClaimName`, from the DRA inventory), asks for GPU devices."""
     if not policy.gpu_device_classes or not snapshot.synced:
         return []
     found: list[tuple[str, Claim]] = []
-    for claim in _list(spec.get("resourceClaims")):
-        claim = mapping(claim)
-        template_name = claim.get("resourceClaimTemplateName") or mapping(claim.get("source")).get(
-            "resourceClaimTemplateName")
+    for claim in map(mapping, _list(spec.get("resourceClaims"))):
+        source = mapping(claim.get("source"))  # before v1.28: the names under `source`
+        template_name = claim.get("resourceClaimTemplateName") or source.get("resourceClaimTemplateName")
+        claim_name = claim.get("resourceClaimName") or source.get("resourceClaimName")
         template = snapshot.claim_templates.get((namespace, str(template_name))) if template_name else None
-        if template is not None and template.claim is not None and template.claim.gpu_asks(policy):
-            found.append((str(claim.get("name")), template.claim))
+        named = snapshot.dra.claim(namespace, claim_name) if isinstance(claim_name, str) else None
+        parsed = template.claim if template is not None else named.as_claim() if named is not None else None
+        if parsed is not None and parsed.gpu_asks(policy):
+            found.append((str(claim.get("name")), parsed))
     return found

@@ -109,11 +109,11 @@ class Snapshot:
 
 def snapshot_from_api(nodes: Iterable[Mapping[str, Any]] = (), runtime_classes: Iterable[Mapping[str, Any]] = (),
                       namespaces: Iterable[Mapping[str, Any]] = (), claim_templates: Iterable[Mapping[str, Any]] = (),
-                      *, synced: bool = True, reason: str = "") -> Snapshot:
+                      *, dra: DraView | None = None, synced: bool = True, reason: str = "") -> Snapshot:
     """A snapshot from lists of API objects (JSON as the API server sends it)."""
     return snapshot_of(map(node_from_api, nodes), map(runtime_class_from_api, runtime_classes),
                        map(namespace_from_api, namespaces), map(claim_template_from_api, claim_templates),
-                       synced=synced, reason=reason)
+                       dra=dra, synced=synced, reason=reason)
 
 
 def snapshot_of(nodes: Iterable[Node], runtime_classes: Iterable[RuntimeClass], namespaces: Iterable[Namespace],
