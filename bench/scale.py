@@ -19,6 +19,17 @@ Kubernetes labels and a dozen Node Feature Discovery labels), and:
 - during a relist: reviews answered from the current snapshot while another thread parses and indexes N Nodes
   beside it (the reflector's relist): their median and worst latency, and how many were answered meanwhile.
 
+With `--dra`, the DRA inventory instead (webhook/policy/dra_inventory.py): N nodes x 8 GPUs published in
+ResourceSlices shaped like NVIDIA's DRA driver's (one slice per node; half H100, a quarter A100, a quarter T4), and:
+
+- µs per review of the DRA lookup (CPU time; best of several rounds): the snapshot's DRA view, then the nodes with 4
+  devices matching the packaged rules' t4 selector ANDed with NVIDIA's DeviceClass selector, and the product
+  names with how many nodes hold each: what a `dra-unsatisfiable` check asks;
+- µs per slice event (a node's slice replaced, then the next view published), bytes per device held, build s;
+- with `--claims C`: the bytes tracemalloc counts for C ResourceClaims parsed and indexed (and per claim).
+
+    python bench/scale.py --dra --nodes 10 7500 --claims 10000
+
 Deterministic instruction counts, for a noisy host: run one size's reviews alone under valgrind, with and
 without the loop, and subtract (the interpreter itself, not a shim):
 
@@ -49,7 +60,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from webhook.admission.loader import load_policy  # noqa: E402
-from webhook.policy import inventory  # noqa: E402
+from webhook.policy import dra_inventory, inventory  # noqa: E402
 from webhook.policy.engine import Context, evaluate  # noqa: E402
 from webhook.policy.node_index import NodeIndex, bulk_load  # noqa: E402
 
@@ -224,6 +235,137 @@ def updates(index: NodeIndex, size: int, count: int, *, apply: bool = True) -> f
     return (time.thread_time() - began) / count * 1e6
 
 
+# --------------------------------------------------------------------------------------------- DRA
+
+DRA_POOLS = (("h100", 0.5, "NVIDIA H100 80GB HBM3", "Hopper", "81559Mi"),
+             ("a100", 0.25, "NVIDIA A100-SXM4-80GB", "Ampere", "81920Mi"),
+             ("t4", 0.25, "Tesla T4", "Turing", "15360Mi"))
+NVIDIA_CLASS = "device.driver == 'gpu.nvidia.com' && device.attributes['gpu.nvidia.com'].type == 'gpu'"
+
+
+def slice_json(index: int, pool: str, generation: int = 1) -> dict[str, Any]:
+    """One node's ResourceSlice as NVIDIA's DRA driver publishes it: 8 whole GPUs (DRA-FACTS §3.3)."""
+    _, _, product, architecture, memory = next(p for p in DRA_POOLS if p[0] == pool)
+    node = f"{pool}-{index:06d}"
+    devices = [{"name": f"gpu-{minor}", "attributes": {
+        "type": {"string": "gpu"}, "uuid": {"string": f"GPU-{index:08x}-{minor:04x}-4e2a-9b1c-{generation:012x}"},
+        "productName": {"string": product}, "brand": {"string": "Nvidia"}, "architecture": {"string": architecture},
+        "cudaComputeCapability": {"version": "9.0.0"}, "driverVersion": {"version": "580.159.4"},
+        "cudaDriverVersion": {"version": "13.0.0"},
+        "resource.kubernetes.io/pciBusID": {"string": f"0000:{minor + 0x18:02x}:00.0"}},
+        "capacity": {"memory": {"value": memory}}} for minor in range(8)]
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+            "metadata": {"name": f"{node}-gpu.nvidia.com-x7k2q", "resourceVersion": str(generation)},
+            "spec": {"driver": "gpu.nvidia.com", "nodeName": node,
+                     "pool": {"name": node, "generation": generation, "resourceSliceCount": 1}, "devices": devices}}
+
+
+def dra_fleet(size: int) -> Iterator[tuple[int, str]]:
+    for pool, share, *_ in DRA_POOLS:
+        yield from ((i, pool) for i in range(max(1, round(size * share))))
+
+
+def dra_build(size: int) -> tuple[dra_inventory.DraIndex, float, int, int]:
+    """(index, seconds to parse and index, bytes held, devices)."""
+    objects = [slice_json(i, pool) for i, pool in dra_fleet(size)]
+    gc.collect()
+    tracemalloc.start()
+    began = time.perf_counter()
+    index = dra_inventory.DraIndex()
+    index.replace("resourceslices", (dra_inventory.slice_from_api(obj) for obj in objects))
+    index.view()
+    seconds = time.perf_counter() - began
+    held = tracemalloc.get_traced_memory()[0]
+    tracemalloc.stop()
+    return index, seconds, held, sum(len(obj["spec"]["devices"]) for obj in objects)
+
+
+def dra_lookup(index: dra_inventory.DraIndex) -> Callable[[], Any]:
+    """One review's DRA questions, once asked (so tracked from then on, as in the server)."""
+    policy = load_policy()
+    t4 = next(axis.values["t4"] for axis in policy.axes if "t4" in axis.values)
+    query = dra_inventory.DeviceQuery.of([NVIDIA_CLASS, *dict(t4.device_selectors).values()])
+    assert query is not None
+
+    def lookup() -> Any:
+        view = index.view()
+        return view.nodes_with(query, 4), view.values("gpu.nvidia.com", "productName")
+
+    lookup()
+    lookup()
+    return lookup
+
+
+def dra_updates(index: dra_inventory.DraIndex, size: int, count: int) -> float:
+    """µs per slice event (a node's slice republished with new UUIDs, parsed, put, next view)."""
+    nodes = list(dra_fleet(size))
+    rng = random.Random(size)
+    events = [slice_json(*rng.choice(nodes), generation=i + 2) for i in range(count)]
+    began = time.thread_time()
+    for obj in events:
+        index.put(dra_inventory.slice_from_api(obj))
+        index.view()
+    return (time.thread_time() - began) / count * 1e6
+
+
+def claim_json(index: int) -> dict[str, Any]:
+    """A ResourceClaim as the resource-claim controller makes one from a template: 2 GPUs, allocated, reserved."""
+    node = f"h100-{index % 3750:06d}"
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {
+        "name": f"trainer-{index:06d}-gpus-x7k2q", "namespace": f"team-{index % 50}", "uid": f"uid-{index:012d}",
+        "resourceVersion": str(index + 10), "generateName": f"trainer-{index:06d}-gpus-",
+        "annotations": {"resource.kubernetes.io/pod-claim-name": "gpus"},
+        "ownerReferences": [{"apiVersion": "v1", "kind": "Pod", "name": f"trainer-{index:06d}",
+                             "uid": f"pod-{index:012d}", "controller": True, "blockOwnerDeletion": True}]},
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
+            "deviceClassName": "gpu.nvidia.com", "allocationMode": "ExactCount", "count": 2,
+            "selectors": [{"cel": {"expression": 'device.attributes["gpu.nvidia.com"].productName == '
+                                                 '"NVIDIA H100 80GB HBM3"'}}]}}]}},
+        "status": {"allocation": {"devices": {"results": [
+            {"request": "gpu", "driver": "gpu.nvidia.com", "pool": node, "device": f"gpu-{d}"} for d in (0, 1)]},
+            "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
+                {"key": "metadata.name", "operator": "In", "values": [node]}]}]}},
+            "reservedFor": [{"resource": "pods", "name": f"trainer-{index:06d}", "uid": f"pod-{index:012d}"}]}}
+
+
+def claims_held(count: int) -> int:
+    """Bytes tracemalloc counts for `count` ResourceClaims parsed into the index (the JSON itself excluded)."""
+    objects = [claim_json(i) for i in range(count)]
+    gc.collect()
+    tracemalloc.start()
+    index = dra_inventory.DraIndex()
+    index.replace("resourceclaims", (dra_inventory.resource_claim_from_api(obj) for obj in objects))
+    index.view()
+    held = tracemalloc.get_traced_memory()[0]
+    tracemalloc.stop()
+    return held
+
+
+def dra_main(args: argparse.Namespace) -> int:
+    print(f"DRA inventory; 8 GPUs per node; best of {args.rounds} rounds x {args.number} lookups; "
+          f"{args.updates} slice events per size")
+    header = (f"{'nodes':>8} | {'devices':>8} | {'lookup µs':>9} | {'event µs':>8} | {'bytes/device':>12} | "
+              f"{'build s':>8} | answer")
+    print(header)
+    print("-" * len(header))
+    for size in args.nodes:
+        index, seconds, held, devices = dra_build(size)
+        lookup = dra_lookup(index)
+        per_review = min(timeit.repeat(lookup, number=args.number, repeat=args.rounds, timer=time.thread_time)) \
+            / args.number * 1e6
+        per_event = dra_updates(index, size, args.updates)
+        summary, products = lookup()
+        print(f"{size:>8,} | {devices:>8,} | {per_review:>9.1f} | {per_event:>8.1f} | {held / devices:>12,.0f} | "
+              f"{seconds:>8.2f} | t4 x4: {summary.nodes:,} nodes; products: "
+              + ", ".join(f"{p.value} on {p.nodes:,}" for p in products), flush=True)
+        del index
+    if args.claims:
+        held = claims_held(args.claims)
+        print(f"{args.claims:,} ResourceClaims held: {held / 2**20:.1f} MiB "
+              f"({held / args.claims:,.0f} bytes per claim)")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--nodes", type=int, nargs="+", default=list(SIZES), help="cluster sizes")
@@ -235,7 +377,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--what", choices=("reviews", "updates", "events"), default="reviews",
                         help="with --only: both reviews --count times, --count Node events made and applied, or "
                              "only made (the baseline to subtract from updates)")
+    parser.add_argument("--dra", action="store_true", help="measure the DRA inventory (ResourceSlices) instead")
+    parser.add_argument("--claims", type=int, default=0, help="with --dra: also the memory of this many claims")
     args = parser.parse_args(argv)
+    if args.dra:
+        return dra_main(args)
 
     if args.only is not None:
         index, _, _ = build(args.only, measure=False)

@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from support.cluster_api import (
     CLAIMS,
+    DRA,
     NAMESPACES,
     NODES,
     FakeClock,
@@ -90,7 +92,7 @@ def test_lists_then_watches_and_applies_events(server: ReplayServer, tmp_path: P
     assert watches[0].query["resourceVersion"] == "5200" and watches[0].query["allowWatchBookmarks"] == "true"
     assert watches[1].query["resourceVersion"] == "5250", "a clean end resumes from the bookmark"
     assert len(pages) == 2, "no relist"
-    assert [r.path for r in server.requests if "resource.k8s.io" in r.path][:3] == [
+    assert [r.path for r in server.requests if "resourceclaimtemplates" in r.path][:3] == [
         CLAIMS.format("v1"), CLAIMS.format("v1beta2"), CLAIMS.format("v1beta1")], "newest API version first"
 
 
@@ -107,7 +109,7 @@ def test_410_gone_relists(server: ReplayServer, tmp_path: Path, gone: Json | Str
                  watch=[gone, Stream()])
     with running(server, tmp_path) as inventory:
         server.wait_until(lambda: len(inventory.snapshot().nodes) == 2, what="the relisted nodes")
-        assert inventory.snapshot().synced
+        wait_synced(server, inventory)
         server.wait_until(lambda: len(server.seen(NODES, watch=True)) >= 2, what="the watch after the relist")
     lists = server.seen(NODES, watch=False)
     assert len(lists) == 2 and "resourceVersion" not in lists[1].query, "a relist reads the latest state"
@@ -123,7 +125,7 @@ def test_dropped_connection_resumes_the_watch(server: ReplayServer, tmp_path: Pa
     ])
     with running(server, tmp_path) as inventory:
         server.wait_until(lambda: allocatable(inventory, "t4-1") == {"nvidia.com/gpu": 3}, what="the second event")
-        assert inventory.snapshot().synced
+        wait_synced(server, inventory)
     watches = server.seen(NODES, watch=True)
     assert watches[1].query["resourceVersion"] == "5301", "resumed from the last event seen"
     assert len(server.seen(NODES, watch=False)) == 1, "a drop is not a reason to relist"
@@ -237,3 +239,61 @@ def test_node_events_update_the_index_and_leave_earlier_snapshots_alone() -> Non
     assert summary.first == ("a100-2",), "tracked across the relist"
     assert inv.capacity_findings(relisted, a100, "nvidia.com/gpu", 4, "a100") == []
     assert cache.status()["nodes"]["items"] == 1
+
+
+# --------------------------------------------------------------------------------------------- DRA
+
+
+def _dra_list(resource_version: str, *items: Json) -> Json:
+    return Json({"kind": "List", "apiVersion": "resource.k8s.io/v1", "items": list(items),
+                 "metadata": {"resourceVersion": resource_version}})
+
+
+def _slice(name: str, node: str, product: str, resource_version: str) -> dict[str, Any]:
+    return {"metadata": {"name": name, "resourceVersion": resource_version}, "spec": {
+        "driver": "gpu.nvidia.com", "nodeName": node, "pool": {"name": node}, "devices": [
+            {"name": f"gpu-{i}", "attributes": {"productName": {"string": product}}} for i in range(8)]}}
+
+
+def test_dra_objects_are_listed_watched_and_relisted_after_410(server: ReplayServer, tmp_path: Path) -> None:
+    serve_cluster(server)
+    server.route(DRA.format("resourceslices"),
+                 list=[_dra_list("8000", _slice("a", "h100-0", "NVIDIA H100", "7999")),
+                       _dra_list("9100", _slice("a", "h100-0", "NVIDIA H100", "7999"),
+                                 _slice("c", "t4-0", "Tesla T4", "9050"))],
+                 watch=[Stream([event("ADDED", _slice("b", "h100-1", "NVIDIA H100", "8001")), expired("8001")],
+                               end="close"), Stream()])
+    server.route(DRA.format("resourceclaims"), list=[_dra_list("8000")], watch=[Stream([event("ADDED", {
+        "metadata": {"namespace": "ml", "name": "c1", "resourceVersion": "8002"}, "spec": {"devices": {"requests": [
+            {"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com", "count": 2}}]}}})])])
+    with running(server, tmp_path) as inventory:
+        def products() -> tuple[Any, ...]:
+            return inventory.snapshot().dra.values("gpu.nvidia.com", "productName")
+        server.wait_until(lambda: len(products()) == 2, what="the relisted slices")
+        wait_synced(server, inventory)
+        snapshot = inventory.snapshot()
+        assert [(v.value, v.nodes, v.devices) for v in products()] == [("NVIDIA H100", 1, 8), ("Tesla T4", 1, 8)], \
+            "the relist replaced the slice seen only in the expired watch"
+        server.wait_until(lambda: inventory.snapshot().dra.claim("ml", "c1") is not None, what="the watched claim")
+        assert inventory.status()["resourceslices"]["relists"] == 2
+        assert inventory.status()["resourceclaims"]["items"] == 1
+        assert snapshot.dra.counts["resourceslices"] == 2
+    assert server.seen(DRA.format("resourceslices"), watch=True)[0].query["resourceVersion"] == "8000"
+
+
+def test_an_absent_dra_api_is_empty_and_never_stale(server: ReplayServer, tmp_path: Path) -> None:
+    serve_cluster(server)
+    for version in ("v1", "v1beta2", "v1beta1"):
+        server.route(f"/apis/resource.k8s.io/{version}/resourceslices",
+                     list=[Json(status(403, "Forbidden", "cannot list resourceslices"), 403)])
+    clock = FakeClock()
+    with running(server, tmp_path, clock) as inventory:
+        wait_synced(server, inventory)
+        assert inventory.status()["resourceslices"]["absent"]
+        clock.now += 100
+        server.wait_until(lambda: all(s["seconds_since_contact"] < 50 for s in inventory.status().values()
+                                      if not s["absent"]), what="the other watches to be heard from")
+        clock.now += 100  # past stale_seconds since the absent list: it is asked again only at the resync
+        snapshot = inventory.snapshot()
+        assert snapshot.synced, snapshot.reason
+        assert snapshot.dra.counts["resourceslices"] == 0

@@ -23,7 +23,10 @@ from typing import Any
 
 import pytest
 import yaml
+from kubernetes.client import ApiClient
 from support.manifests import CRD_GROUPS, group_of, strict_errors
+
+from webhook.cluster import kube
 
 REPO = Path(__file__).resolve().parents[2]
 KUBECTL = shutil.which("kubectl")
@@ -504,7 +507,10 @@ def test_service_account_token_only_with_cluster_awareness(
         assert {v for r in role["rules"] for v in r["verbs"]} == {"get", "list", "watch"}
         granted = {(g, res) for r in role["rules"] for g in r["apiGroups"] for res in r["resources"]}
         assert granted == {("", "nodes"), ("", "namespaces"), ("node.k8s.io", "runtimeclasses"),
-                           ("resource.k8s.io", "resourceclaimtemplates")}
+                           ("resource.k8s.io", "resourceclaimtemplates"), ("resource.k8s.io", "resourceslices"),
+                           ("resource.k8s.io", "deviceclasses"), ("resource.k8s.io", "resourceclaims")}
+        watched = {(s.versions[0][0].rpartition("/")[0], s.name) for s in kube.sources(ApiClient())}
+        assert granted == watched, "get/list/watch on exactly what the inventory watches"
         binding = only(docs, "ClusterRoleBinding")
         assert binding["roleRef"]["name"] == role["metadata"]["name"]
         assert binding["subjects"] == [

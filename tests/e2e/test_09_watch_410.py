@@ -1,7 +1,7 @@
 """Scenario 9: watch robustness. etcd is compacted while the API server restarts, so the webhook's inventory
 watches resume from a resourceVersion the new API server no longer has and get `410 Gone` in the watch stream.
-The inventory relists and stays synced: it sees changes made after the relist, and /readyz and the synced gauge
-say so.
+The inventory relists (the Nodes' watch and the DRA inventory's alike) and stays synced: it sees changes made
+after the relist, and /readyz and the synced gauge say so.
 
 The webhook is frozen (SIGSTOP) while the API server is down so that its first call afterwards is the resumed
 watch (a relist for another reason would hide the 410).
@@ -49,11 +49,14 @@ def test_inventory_relists_after_410_and_stays_synced(cluster: Cluster, namespac
         signal_group(webhook, signal.SIGCONT)
     assert revisions and revisions[0] > 0
 
-    def expired_logged() -> bool:
+    def expired_logged(source: str = "nodes") -> bool:
         text = webhook.log.read_text(errors="replace")[offset:]
-        return bool(re.search(r"watch of nodes expired \(410 Gone\): relisting", text))
+        return bool(re.search(rf"watch of {source} expired \(410 Gone\): relisting", text))
 
     wait_until(expired_logged, 90, "the inventory's node watch to get 410 Gone and relist")
+    # The DRA inventory's watches take the same path (webhook/cluster/kube.py).
+    wait_until(lambda: expired_logged("resourceslices") and expired_logged("resourceclaims"), 30,
+               "the inventory's ResourceSlice and ResourceClaim watches to get 410 Gone and relist")
     wait_until(lambda: webhook_readyz(cluster)["checks"]["inventory"]["synced"] is True, 30,
                "the inventory to report synced after the relist")
 

@@ -12,7 +12,7 @@ import re
 from typing import Any
 
 import pytest
-from cluster import GPU, Cluster, edited_rules, wait_until, yaml_of
+from cluster import GPU, Cluster, edited_rules, wait_until, webhook_readyz, yaml_of
 
 pytestmark = pytest.mark.e2e
 
@@ -106,3 +106,37 @@ def test_a_pod_asking_for_a_gpu_both_ways_is_refused(cluster: Cluster, namespace
     err = str(wait_until(refused, 30, "the webhook to refuse the Pod for double allocation", interval=0.5))
     assert DENIED.search(err), err
     assert 'claim "gpus" (ResourceClaimTemplate "two-gpus")' in err and "ask for GPUs one way only" in err
+
+
+def test_the_inventory_lists_and_watches_the_dra_objects(cluster: Cluster, namespace: str) -> None:
+    """ResourceSlices, DeviceClasses and ResourceClaims reach the running webhook's DRA inventory through the real
+    API server (its list, then its watch: ADDED and DELETED), as `/readyz` counts them (`checks.inventory.dra`).
+    The slice is for a kwok node, under a driver of this test's own, so no other test's devices change."""
+    driver = "inventory.e2e.gpu-webhook.io"  # a driver name is at most 63 bytes
+    device_class = {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": driver},
+                    "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{driver}"'}}]}}
+    resource_slice = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": {"name": driver},
+                      "spec": {"driver": driver, "nodeName": "gpu-t4-0", "pool": {
+                          "name": "gpu-t4-0", "generation": 1, "resourceSliceCount": 1}, "devices": [
+                          {"name": f"gpu-{i}", "attributes": {"productName": {"string": "Tesla T4"}}}
+                          for i in range(2)]}}
+    claim = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": "by-name"},
+             "spec": {"devices": {"requests": [{"name": "dev", "exactly": {"deviceClassName": driver}}]}}}
+
+    def counts() -> dict[str, int]:
+        found = webhook_readyz(cluster)["checks"]["inventory"]
+        assert found["synced"] is True, found
+        return dict(found["dra"])
+
+    before = counts()
+    added = {k: v + 1 for k, v in before.items()}
+    try:
+        for obj in (device_class, resource_slice):
+            cluster.kubectl("create", "-f", "-", input=yaml_of(obj))
+        _create(cluster, namespace, claim)
+        wait_until(lambda: counts() == added, 30, f"the webhook's DRA inventory to hold one more of each: {added}")
+    finally:
+        cluster.kubectl("delete", "-n", namespace, "resourceclaim", "by-name", "--ignore-not-found", check=False)
+        for kind in ("resourceslice", "deviceclass"):
+            cluster.kubectl("delete", kind, driver, "--ignore-not-found", check=False)
+    wait_until(lambda: counts() == before, 30, f"the deletions to reach the webhook's DRA inventory: {before}")

@@ -16,6 +16,8 @@ NODES = "/api/v1/nodes"
 NAMESPACES = "/api/v1/namespaces"
 RUNTIME_CLASSES = "/apis/node.k8s.io/v1/runtimeclasses"
 CLAIMS = "/apis/resource.k8s.io/{}/resourceclaimtemplates"
+DRA = "/apis/resource.k8s.io/v1/{}"
+DRA_KINDS = ("resourceslices", "deviceclasses", "resourceclaims")
 
 
 class FakeClock:
@@ -51,6 +53,9 @@ def serve_cluster(server: ReplayServer, *, claims_version: str = "v1") -> None:
     server.route(RUNTIME_CLASSES, list=[Json(load("runtimeclasses.json"))], watch=[Stream()])
     fixture = "resourceclaimtemplates-v1.json" if claims_version == "v1" else "resourceclaimtemplates-v1beta1.json"
     server.route(CLAIMS.format(claims_version), list=[Json(load(fixture))], watch=[Stream()])
+    for plural in DRA_KINDS:  # served empty, as by a cluster without a DRA driver
+        server.route(DRA.format(plural), list=[Json({"kind": "List", "apiVersion": "resource.k8s.io/v1", "items": [],
+                                                     "metadata": {"resourceVersion": "7600"}})], watch=[Stream()])
 
 
 @contextmanager

@@ -131,7 +131,7 @@ class AdmissionServer:
             # later, once listed) is reported only: an unready fleet would leave the validating webhook
             # (failurePolicy Fail) without endpoints, and the inventory checks are skipped with a warning instead.
             snapshot = self.inventory.snapshot()
-            checks["inventory"] = {"synced": snapshot.synced}
+            checks["inventory"] = {"synced": snapshot.synced, "dra": dict(snapshot.dra.counts)}  # objects held
             if not snapshot.synced:
                 checks["inventory"]["reason"] = snapshot.reason
                 if snapshot.reason.startswith(REFUSED_AT_START):

@@ -2,9 +2,10 @@
 
 - `api_client(kubeconfig, environ)`: credentials found the way kubectl finds them (`--kubeconfig`, then
   `$KUBECONFIG`, then `~/.kube/config`, else the in-cluster ServiceAccount).
-- `ClusterInventory`: background list+watch caches of Nodes, Namespaces, RuntimeClasses and
-  ResourceClaimTemplates (resource.k8s.io v1, else v1beta2, else v1beta1). A watch that drops is resumed
-  from the last resourceVersion; `410 Gone` (an HTTP status or an ERROR event with reason `Expired`) means
+- `ClusterInventory`: background list+watch caches of Nodes, Namespaces, RuntimeClasses,
+  ResourceClaimTemplates, and (the DRA inventory, `webhook.policy.dra_inventory`) ResourceSlices, DeviceClasses and
+  ResourceClaims (resource.k8s.io v1, else v1beta2, else v1beta1; absent or forbidden: empty). A watch that drops
+  is resumed from the last resourceVersion; `410 Gone` (an HTTP status or an ERROR event with reason `Expired`) means
   a relist; every `resync_seconds` it relists anyway. `snapshot()` never waits on the API server: it
   returns the last state, with `synced` False until every initial list has succeeded or when the API server
   has not answered for longer than `stale_seconds`.
@@ -36,7 +37,8 @@ from kubernetes.config.config_exception import ConfigException
 from kubernetes.watch.watch import iter_resp_lines
 
 from webhook.cluster.doctor import Facts
-from webhook.policy import inventory, node_index
+from webhook.policy import dra_inventory, inventory, node_index
+from webhook.policy.dra_inventory import DraIndex, DraView
 from webhook.policy.inventory import Snapshot
 from webhook.policy.node_index import NodeIndex, NodeView
 
@@ -203,10 +205,14 @@ def _collection(api: k8s.ApiClient, path: str) -> ListCall:
     return call
 
 
+def _dra(api: k8s.ApiClient, plural: str) -> tuple[tuple[str, ListCall], ...]:
+    """A cluster-wide `resource.k8s.io` collection, newest version first."""
+    return tuple((f"resource.k8s.io/{version}", _collection(api, f"/apis/resource.k8s.io/{version}/{plural}"))
+                 for version in ("v1", "v1beta2", "v1beta1"))
+
+
 def sources(api: k8s.ApiClient) -> tuple[Source, ...]:
-    claims = tuple((f"resource.k8s.io/{version}",
-                    _collection(api, f"/apis/resource.k8s.io/{version}/resourceclaimtemplates"))
-                   for version in ("v1", "v1beta2", "v1beta1"))
+    claims = _dra(api, "resourceclaimtemplates")
     return (
         Source("nodes", "Node", (("v1", _collection(api, "/api/v1/nodes")),), inventory.node_from_api),
         Source("namespaces", "Namespace", (("v1", _collection(api, "/api/v1/namespaces")),),
@@ -215,6 +221,13 @@ def sources(api: k8s.ApiClient) -> tuple[Source, ...]:
                (("node.k8s.io/v1", _collection(api, "/apis/node.k8s.io/v1/runtimeclasses")),),
                inventory.runtime_class_from_api),
         Source("resourceclaimtemplates", "ResourceClaimTemplate", claims, inventory.claim_template_from_api,
+               optional=True),
+        # The DRA inventory: held in its index (`_Cache.dra`), not in `items`.
+        Source("resourceslices", "ResourceSlice", _dra(api, "resourceslices"), dra_inventory.slice_from_api,
+               optional=True),
+        Source("deviceclasses", "DeviceClass", _dra(api, "deviceclasses"), dra_inventory.device_class_from_api,
+               optional=True),
+        Source("resourceclaims", "ResourceClaim", _dra(api, "resourceclaims"), dra_inventory.resource_claim_from_api,
                optional=True),
     )
 
@@ -239,8 +252,11 @@ class _Cache:
     response: Any = None  # the open watch, shut down by stop()
     call: ListCall | None = None  # the list function of the API version that answered
     index: NodeIndex | None = None  # Nodes: held in the node index instead of `items`
+    dra: DraIndex | None = None  # ResourceSlices, DeviceClasses, ResourceClaims: held in the DRA index (shared)
 
     def count(self) -> int:
+        if self.dra is not None:
+            return self.dra.count(self.source.name)
         return len(self.index) if self.index is not None else len(self.items)
 
 
@@ -260,14 +276,16 @@ class ClusterInventory:
         self.resync_seconds = resync_seconds
         self.stale_seconds = stale_seconds
         self._backoff = backoff
-        self._caches = [_Cache(s, index=NodeIndex() if s.name == "nodes" else None)
+        self._dra = DraIndex()
+        self._caches = [_Cache(s, index=NodeIndex() if s.name == "nodes" else None,
+                               dra=self._dra if s.name in dra_inventory.KINDS else None)
                         for s in (source_list or sources(api))]
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._version = 0  # of everything but the Nodes (those are versioned by their index's view)
         self._parts: tuple[int, dict[str, list[Any]]] | None = None
-        self._cached: tuple[tuple[int, NodeView | None, bool, str], Snapshot] | None = None
+        self._cached: tuple[tuple[int, NodeView | None, DraView, bool, str], Snapshot] | None = None
 
     # ----------------------------------------------------------------------------------------- lifecycle
 
@@ -310,18 +328,20 @@ class ClusterInventory:
         with self._lock:
             nodes = next((c.index for c in self._caches if c.index is not None), None)
             view = nodes.view() if nodes is not None else None
-            key = (self._version, view, synced, reason)
+            dra = self._dra.view()
+            key = (self._version, view, dra, synced, reason)
             cached = self._cached
             if cached is not None and cached[0][0] == self._version and cached[0][1] is view \
-                    and cached[0][2:] == key[2:]:
+                    and cached[0][2] is dra and cached[0][3:] == key[3:]:
                 return cached[1]
             if self._parts is None or self._parts[0] != self._version:
                 self._parts = (self._version, {c.source.name: list(c.items.values()) for c in self._caches
-                                               if c.index is None})
+                                               if c.index is None and c.dra is None})
             parts = self._parts[1]
             snapshot = inventory.snapshot_of(
                 view.node_list if view is not None else (), parts.get("runtimeclasses", []),
-                parts.get("namespaces", []), parts.get("resourceclaimtemplates", []), synced=synced, reason=reason)
+                parts.get("namespaces", []), parts.get("resourceclaimtemplates", []), dra=dra, synced=synced,
+                reason=reason)
             self._cached = (key, snapshot)
             return snapshot
 
@@ -348,7 +368,9 @@ class ClusterInventory:
                         return False, f"{inventory.REFUSED_AT_START} {name}: {cache.error}"
                     why = f": {cache.error}" if cache.error else ""
                     return False, f"initial list of {name} pending{why}"
-                if cache.last_contact is not None and now - cache.last_contact > self.stale_seconds:
+                # An absent collection (not served, or forbidden) is asked again only at the resync: not stale.
+                if cache.absent is None and cache.last_contact is not None \
+                        and now - cache.last_contact > self.stale_seconds:
                     why = f": {cache.error}" if cache.error else ""
                     return False, f"no answer from the API server for {name} in over {self.stale_seconds:g}s{why}"
         return True, ""
@@ -406,10 +428,12 @@ class ClusterInventory:
             with self._lock:
                 queries = cache.index.queries()
             fresh_index = NodeIndex.build(parsed, queries)
-        fresh = {_key(p): p for p in parsed} if cache.index is None else {}
+        fresh = {_key(p): p for p in parsed} if cache.index is None and cache.dra is None else {}
         with self._lock:
             if cache.index is not None:
                 cache.index = fresh_index
+            elif cache.dra is not None:
+                cache.dra.replace(cache.source.name, parsed)
             elif fresh != cache.items or not cache.listed:
                 self._version += 1
             cache.items = fresh
@@ -471,6 +495,9 @@ class ClusterInventory:
                 if cache.index is not None:
                     cache.index.put(parsed)  # the index's next view has it
                     return
+                if cache.dra is not None and parsed is not None:
+                    cache.dra.put(parsed)
+                    return
                 key = _key(parsed)
                 if cache.items.get(key) != parsed:
                     cache.items[key] = parsed
@@ -478,6 +505,8 @@ class ClusterInventory:
             elif kind == "DELETED":
                 if cache.index is not None:
                     cache.index.remove(inventory.object_key(obj)[1])
+                elif cache.dra is not None:
+                    cache.dra.remove(cache.source.name, inventory.object_key(obj))
                 elif cache.items.pop(inventory.object_key(obj), None) is not None:
                     self._version += 1
 
@@ -530,8 +559,8 @@ def _host(api: k8s.ApiClient) -> str:
 
 
 def read_snapshot(api: k8s.ApiClient) -> Snapshot:
-    """Nodes, runtime classes, namespaces and claim templates, listed once (for `audit` and `doctor`), each page
-    parsed as it arrives; the nodes indexed as the server's are."""
+    """Nodes, runtime classes, namespaces, claim templates and the DRA objects, listed once (for `audit` and
+    `doctor`), each page parsed as it arrives; the nodes and the DRA objects indexed as the server's are."""
     lists: dict[str, list[Any]] = {}
     try:
         for source in sources(api):
@@ -545,8 +574,11 @@ def read_snapshot(api: k8s.ApiClient) -> Snapshot:
                         raise
     except (ApiException, *_NETWORK_ERRORS) as err:
         raise describe_error(err, _host(api)) from None
+    dra = DraIndex()
+    for kind in dra_inventory.KINDS:
+        dra.replace(kind, lists[kind])
     return inventory.snapshot_of(lists["nodes"], lists["runtimeclasses"], lists["namespaces"],
-                                 lists["resourceclaimtemplates"])
+                                 lists["resourceclaimtemplates"], dra=dra.view())
 
 
 def read_workloads(api: k8s.ApiClient, namespace: str | None) -> list[Json]:

@@ -15,6 +15,7 @@ from typing import Any
 import jsonpatch
 
 from webhook.policy import inventory as inv
+from webhook.policy.dra_inventory import view_from_api
 from webhook.policy.engine import Context, evaluate
 from webhook.policy.findings import Mode, Operation, Verdict
 from webhook.policy.inventory import Snapshot
@@ -109,7 +110,8 @@ class NodeDump:
 
 def snapshot_from_objects(policy: Policy, source: str, objects: Sequence[Mapping[str, Any]]) -> NodeDump:
     """The inventory `check --nodes` and rule cases decide with, from `kubectl get nodes -o json` (a List, or
-    YAML documents; `kubectl get nodes,runtimeclasses,namespaces -o json` adds those). Parsed exactly as the
+    YAML documents; `kubectl get nodes,runtimeclasses,namespaces -o json` adds those, and ResourceClaimTemplates,
+    ResourceClaims, ResourceSlices and DeviceClasses go to the DRA inventory). Parsed exactly as the
     server parses what it watches. A dump without RuntimeClasses takes the ones the rules name to exist (said in
     the notes), so that offline answers are not about a RuntimeClass nobody dumped. Raises ManifestError when
     `source` holds no Node."""
@@ -127,8 +129,10 @@ def snapshot_from_objects(policy: Policy, source: str, objects: Sequence[Mapping
         if named:
             notes.append(f"{source} has no RuntimeClass: taken to exist: {', '.join(named)} (add "
                          "`kubectl get runtimeclasses -o json` to the dump to check them)")
+    dra = view_from_api(by_kind.get("ResourceSlice", ()), by_kind.get("DeviceClass", ()),
+                        by_kind.get("ResourceClaim", ()))
     snapshot = inv.snapshot_from_api(by_kind["Node"], runtime_classes, by_kind.get("Namespace", ()),
-                                     by_kind.get("ResourceClaimTemplate", ()))
+                                     by_kind.get("ResourceClaimTemplate", ()), dra=dra)
     return NodeDump(snapshot, tuple(notes))
 
 

@@ -346,8 +346,8 @@ def check_pod_total(policy: Policy, spec_where: str, namespace: str, ns_max: int
         return [("dra-pod-max",
                  f"{spec_where}.resourceClaims ({names}) ask for up to {total} GPU devices together but at most "
                  f"{most} are allowed (set by {source}); use fewer claims, or ask for fewer devices in their "
-                 "templates")]
-    parts = [f"claim {shown(name)} (ResourceClaimTemplate {shown(t.name)})" for name, t in templates]
+                 "templates and ResourceClaims")]
+    parts = [f"claim {shown(name)} ({t.describe()})" for name, t in templates]
     parts += [a.describe() for a in asks]
     return [("dra-pod-max",
              f"{spec_where} asks for {total} GPU devices through DRA ({'; '.join(parts)}) but at most {most} are "

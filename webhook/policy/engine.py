@@ -831,7 +831,7 @@ def _check_pod_claims(policy: Policy, ref: PodSpecRef, namespace: str, ctx: Cont
     implicit = [a for a in asks if a.implicit]
     plain = gpus - sum(a.count for a in implicit)  # the GPUs a device plugin may hand out
     if plain > 0 and (templates or implicit):
-        via = [f"claim {claims.shown(name)} (ResourceClaimTemplate {claims.shown(t.name)})" for name, t in templates]
+        via = [f"claim {claims.shown(name)} ({t.describe()})" for name, t in templates]
         via += [a.name for a in implicit]
         out.add("dra-double-allocation",
                 f"{render_path(ref.spec_path)} asks for GPUs as extended resources ({plain}) and also for GPU devices "

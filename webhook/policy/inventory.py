@@ -1,7 +1,7 @@
-"""The cluster as the webhook sees it: frozen snapshots of nodes, runtime classes, namespaces and DRA claim
-templates, and the decisions that need them.
+"""The decisions that need the cluster as the webhook sees it (the snapshots and their parsing are in
+`webhook.policy.snapshot`).
 
-Pure: API objects come in as plain JSON mappings (`*_from_api`), decisions take a `Snapshot` and return
+Pure: decisions take a `Snapshot` and return
 findings as (rule id, message). `webhook.cluster.kube` fills snapshots from the API server; the engine, `audit` and
 `doctor` read them. Three decisions:
 
@@ -17,17 +17,39 @@ findings as (rule id, message). `webhook.cluster.kube` fills snapshots from the 
 from __future__ import annotations
 
 import copy
-import sys
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-from webhook.policy import claims, quantity
 from webhook.policy.claims import Claim
 from webhook.policy.findings import Edit
-from webhook.policy.node_index import SHOWN, NodeIndex, NodeList, NodeView, Query, Summary, canonical
+from webhook.policy.node_index import SHOWN, NodeView, Query, Summary, canonical
 from webhook.policy.pods import Path, mapping
 from webhook.policy.rules import Expression, Policy
+from webhook.policy.snapshot import (
+    REFUSED_AT_START,
+    ClaimTemplate,
+    Namespace,
+    Node,
+    RuntimeClass,
+    Snapshot,
+    Taint,
+    _list,
+    _strings,
+    claim_template_from_api,
+    namespace_from_api,
+    node_from_api,
+    object_key,
+    runtime_class_from_api,
+    snapshot_from_api,
+    snapshot_of,
+)
+
+# The cluster state (webhook.policy.snapshot), re-exported for the callers of the decisions; the module's own
+# names are public too.
+__all__ = ["REFUSED_AT_START", "ClaimTemplate", "Namespace", "Node", "RuntimeClass", "Snapshot", "Taint",
+           "claim_template_from_api", "namespace_from_api", "node_from_api", "object_key", "runtime_class_from_api",
+           "snapshot_from_api", "snapshot_of"]
 
 PRODUCT_LABEL = "nvidia.com/gpu.product"
 GPU_PRESENT_LABEL = "nvidia.com/gpu.present"
@@ -49,192 +71,6 @@ _SHOWN = SHOWN  # nodes named in one message
 REQUIRED = "requiredDuringSchedulingIgnoredDuringExecution"
 
 Finding = tuple[str, str]  # (rule id, message)
-
-
-# --------------------------------------------------------------------------------------------- snapshot
-
-
-# How a snapshot's `reason` begins when the API server refused an initial list (401/403): with no list of that kind
-# ever made, the server cannot run the checks it was configured for, and its /readyz fails (webhook.admission.app).
-REFUSED_AT_START = "the API server refused the initial list of"
-
-
-@dataclass(frozen=True)
-class Taint:
-    key: str
-    value: str = ""
-    effect: str = "NoSchedule"
-
-    def __str__(self) -> str:
-        return f"{self.key}{'=' + self.value if self.value else ''}:{self.effect}"
-
-
-@dataclass(frozen=True)
-class Node:
-    """A node: labels, taints, allocatable extended resources as whole numbers, readiness."""
-
-    name: str
-    labels: Mapping[str, str] = field(default_factory=dict)
-    taints: tuple[Taint, ...] = ()
-    allocatable: Mapping[str, int] = field(default_factory=dict)
-    ready: bool = True
-    unschedulable: bool = False
-
-    def offers(self, resource: str) -> int:
-        return self.allocatable.get(resource, 0)
-
-
-@dataclass(frozen=True)
-class RuntimeClass:
-    """A node.k8s.io/v1 RuntimeClass: its handler and what it merges into a Pod's scheduling."""
-
-    name: str
-    handler: str = ""
-    node_selector: Mapping[str, str] = field(default_factory=dict)
-    tolerations: tuple[Mapping[str, Any], ...] = ()
-
-
-@dataclass(frozen=True)
-class Namespace:
-    name: str
-    labels: Mapping[str, str] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class ClaimTemplate:
-    """A resource.k8s.io ResourceClaimTemplate: the DeviceClasses its device requests use."""
-
-    namespace: str
-    name: str
-    device_classes: tuple[str, ...] = ()
-    claim: Claim | None = None  # its requests, counts and selectors (webhook.policy.claims)
-
-
-@dataclass(frozen=True)
-class Snapshot:
-    """What the caches held at one moment. `synced` is False before the first full list, or when the API
-    server has been unreachable for too long; `reason` then says why.
-
-    `nodes` may be given as any sequence (it is then indexed once, and held in name order); the live caches
-    pass the `NodeList` of their index's current view instead, which costs nothing to hand over. The
-    decisions read `index` (webhook.policy.node_index), never scan `nodes`."""
-
-    nodes: Sequence[Node] = ()
-    runtime_classes: Mapping[str, RuntimeClass] = field(default_factory=dict)
-    namespaces: Mapping[str, Namespace] = field(default_factory=dict)
-    claim_templates: Mapping[tuple[str, str], ClaimTemplate] = field(default_factory=dict)
-    synced: bool = True
-    reason: str = ""
-    index: NodeView = field(init=False, repr=False, compare=False)
-
-    def __post_init__(self) -> None:
-        nodes = self.nodes
-        view = nodes.view if isinstance(nodes, NodeList) else NodeIndex.build(nodes).view()
-        object.__setattr__(self, "index", view)
-        object.__setattr__(self, "nodes", view.node_list)
-
-    def namespace_labels(self, name: str | None) -> Mapping[str, str] | None:
-        """The labels of a namespace, or None when it is not known (or the snapshot is not synced)."""
-        found = self.namespaces.get(name or "") if self.synced else None
-        return found.labels if found is not None else None
-
-
-def snapshot_from_api(nodes: Iterable[Mapping[str, Any]] = (), runtime_classes: Iterable[Mapping[str, Any]] = (),
-                      namespaces: Iterable[Mapping[str, Any]] = (), claim_templates: Iterable[Mapping[str, Any]] = (),
-                      *, synced: bool = True, reason: str = "") -> Snapshot:
-    """A snapshot from lists of API objects (JSON as the API server sends it)."""
-    return snapshot_of(map(node_from_api, nodes), map(runtime_class_from_api, runtime_classes),
-                       map(namespace_from_api, namespaces), map(claim_template_from_api, claim_templates),
-                       synced=synced, reason=reason)
-
-
-def snapshot_of(nodes: Iterable[Node], runtime_classes: Iterable[RuntimeClass], namespaces: Iterable[Namespace],
-                claim_templates: Iterable[ClaimTemplate], *, synced: bool = True, reason: str = "") -> Snapshot:
-    """A snapshot from parsed objects: nodes in name order, the rest keyed as the checks look them up."""
-    return Snapshot(
-        nodes=nodes if isinstance(nodes, NodeList) else tuple(nodes),
-        runtime_classes={r.name: r for r in runtime_classes},
-        namespaces={n.name: n for n in namespaces},
-        claim_templates={(c.namespace, c.name): c for c in claim_templates},
-        synced=synced,
-        reason=reason,
-    )
-
-
-# --------------------------------------------------------------------------------------------- parsing
-
-
-def _list(value: Any) -> list[Any]:
-    return value if isinstance(value, list) else []
-
-
-def _strings(value: Any) -> dict[str, str]:
-    return {str(k): str(v) for k, v in mapping(value).items()}
-
-
-def _interned(value: Any) -> dict[str, str]:
-    """Labels with keys and values interned: the same strings repeat on every node of a pool, held once."""
-    return {sys.intern(str(k)): sys.intern(str(v)) for k, v in mapping(value).items()}
-
-
-def object_key(obj: Mapping[str, Any]) -> tuple[str, str]:
-    """(namespace, name) of an API object ("" for cluster-scoped)."""
-    meta = mapping(obj.get("metadata"))
-    return str(meta.get("namespace") or ""), str(meta.get("name") or "")
-
-
-def node_from_api(obj: Mapping[str, Any]) -> Node:
-    """A Node from its API JSON: only extended resources (names with a domain) are kept, as whole numbers."""
-    meta, spec, status = mapping(obj.get("metadata")), mapping(obj.get("spec")), mapping(obj.get("status"))
-    taints = tuple(
-        Taint(str(t.get("key") or ""), str(t.get("value") or ""), str(t.get("effect") or "NoSchedule"))
-        for t in _list(spec.get("taints")) if isinstance(t, dict)
-    )
-    allocatable: dict[str, int] = {}
-    for name, raw in mapping(status.get("allocatable")).items():
-        if "/" not in str(name):
-            continue
-        try:
-            value = quantity.parse(raw)
-        except quantity.QuantityError:
-            continue
-        allocatable[str(name)] = max(int(value), 0)
-    ready = any(
-        isinstance(c, dict) and c.get("type") == "Ready" and c.get("status") == "True"
-        for c in _list(status.get("conditions"))
-    )
-    return Node(str(meta.get("name") or ""), _interned(meta.get("labels")), taints, allocatable, ready,
-                bool(spec.get("unschedulable")))
-
-
-def runtime_class_from_api(obj: Mapping[str, Any]) -> RuntimeClass:
-    scheduling = mapping(obj.get("scheduling"))
-    return RuntimeClass(
-        name=object_key(obj)[1],
-        handler=str(obj.get("handler") or ""),
-        node_selector=_strings(scheduling.get("nodeSelector")),
-        tolerations=tuple(dict(t) for t in _list(scheduling.get("tolerations")) if isinstance(t, dict)),
-    )
-
-
-def namespace_from_api(obj: Mapping[str, Any]) -> Namespace:
-    return Namespace(object_key(obj)[1], _strings(mapping(obj.get("metadata")).get("labels")))
-
-
-def claim_template_from_api(obj: Mapping[str, Any]) -> ClaimTemplate:
-    """Device classes of every request: v1/v1beta2 `exactly`, v1beta1 top-level, and `firstAvailable`."""
-    namespace, name = object_key(obj)
-    devices = mapping(mapping(mapping(obj.get("spec")).get("spec")).get("devices"))
-    classes: list[str] = []
-    for request in _list(devices.get("requests")):
-        request = mapping(request)
-        alternatives = map(mapping, _list(request.get("firstAvailable")))
-        for candidate in (request, mapping(request.get("exactly")), *alternatives):
-            device_class = candidate.get("deviceClassName")
-            if isinstance(device_class, str) and device_class and device_class not in classes:
-                classes.append(device_class)
-    parsed = claims.parse({**obj, "kind": "ResourceClaimTemplate"}) if isinstance(obj, dict) else None
-    return ClaimTemplate(namespace, name, tuple(classes), parsed)
 
 
 # --------------------------------------------------------------------------------------------- scheduling
@@ -724,34 +560,26 @@ def time_sliced_findings(snapshot: Snapshot, where: Placement, resource: str, co
 
 
 def gpu_claims(policy: Policy, snapshot: Snapshot, namespace: str, spec: Mapping[str, Any]) -> tuple[str, ...]:
-    """The Pod's resource claims whose template uses a GPU DeviceClass (`policy.gpu_device_classes`)."""
-    if not policy.gpu_device_classes or not snapshot.synced:
-        return ()
-    found: list[str] = []
-    for claim in _list(spec.get("resourceClaims")):
-        claim = mapping(claim)
-        template_name = claim.get("resourceClaimTemplateName") or mapping(claim.get("source")).get(
-            "resourceClaimTemplateName")
-        template = snapshot.claim_templates.get((namespace, str(template_name))) if template_name else None
-        if template is None:
-            continue
-        classes = [c for c in template.device_classes if c in policy.gpu_device_classes]
-        if classes:
-            found.append(f"{claim.get('name')} (ResourceClaimTemplate {template.name}: {', '.join(classes)})")
-    return tuple(found)
+    """The Pod's resource claims whose template, or ResourceClaim by name, uses a GPU DeviceClass."""
+    return tuple(f"{name} ({claim.kind} {claim.name}: {', '.join(dict.fromkeys(a.device_class for a in asks))})"
+                 for name, claim in gpu_claim_templates(policy, snapshot, namespace, spec)
+                 if (asks := claim.gpu_asks(policy)))
 
 
 def gpu_claim_templates(policy: Policy, snapshot: Snapshot, namespace: str,
                         spec: Mapping[str, Any]) -> list[tuple[str, Claim]]:
-    """(the Pod's claim name, its template) for each of the Pod's claims whose template asks for GPU devices."""
+    """(the Pod's claim name, what it names) for each of the Pod's claims whose ResourceClaimTemplate, or
+    ResourceClaim by name (`resourceClaimName`, from the DRA inventory), asks for GPU devices."""
     if not policy.gpu_device_classes or not snapshot.synced:
         return []
     found: list[tuple[str, Claim]] = []
-    for claim in _list(spec.get("resourceClaims")):
-        claim = mapping(claim)
-        template_name = claim.get("resourceClaimTemplateName") or mapping(claim.get("source")).get(
-            "resourceClaimTemplateName")
+    for claim in map(mapping, _list(spec.get("resourceClaims"))):
+        source = mapping(claim.get("source"))  # before v1.28: the names under `source`
+        template_name = claim.get("resourceClaimTemplateName") or source.get("resourceClaimTemplateName")
+        claim_name = claim.get("resourceClaimName") or source.get("resourceClaimName")
         template = snapshot.claim_templates.get((namespace, str(template_name))) if template_name else None
-        if template is not None and template.claim is not None and template.claim.gpu_asks(policy):
-            found.append((str(claim.get("name")), template.claim))
+        named = snapshot.dra.claim(namespace, claim_name) if isinstance(claim_name, str) else None
+        parsed = template.claim if template is not None else named.as_claim() if named is not None else None
+        if parsed is not None and parsed.gpu_asks(policy):
+            found.append((str(claim.get("name")), parsed))
     return found

@@ -81,8 +81,9 @@ WEBHOOK_ONLY: dict[str, str] = {
                              "yet",
     "dra-selector-conflict": "judged on ResourceClaims and ResourceClaimTemplates, which no native policy matches "
                              "yet",
-    "dra-pod-max": "needs the Pod's ResourceClaimTemplates; CEL cannot read other objects",
-    "dra-double-allocation": "needs the Pod's ResourceClaimTemplates (CEL cannot read other objects)",
+    "dra-pod-max": "needs the Pod's ResourceClaimTemplates and ResourceClaims; CEL cannot read other objects",
+    "dra-double-allocation": "needs the Pod's ResourceClaimTemplates and ResourceClaims (CEL cannot read other "
+                             "objects)",
 }
 # Class choices the table cannot key on: Pods with these go to the webhook (hybrid) or get no class (native).
 DEFERRED = {
