@@ -246,11 +246,11 @@ def _hooks(docs: list[Doc]) -> list[Doc]:
     return out
 
 
-def test_cert_manager_mode_injects_the_serving_certificates_ca(rendered: dict[str, list[Doc]]) -> None:
+def test_cert_manager_mode_injects_the_ca_from_the_ca_certificate(rendered: dict[str, list[Doc]]) -> None:
     docs = rendered["default"]
     for kind in WEBHOOK_KINDS:
         config = only(docs, kind, RELEASE)
-        injected = {"cert-manager.io/inject-ca-from": f"{NAMESPACE}/gpu-webhook-serving"}
+        injected = {"cert-manager.io/inject-ca-from": f"{NAMESPACE}/gpu-webhook-ca"}
         assert config["metadata"]["annotations"] == injected
         assert "caBundle" not in config["webhooks"][0]["clientConfig"], "the CA injector owns caBundle"
     serving = only(docs, "Certificate", "gpu-webhook-serving")["spec"]
@@ -264,6 +264,10 @@ def test_cert_manager_mode_injects_the_serving_certificates_ca(rendered: dict[st
 def test_cert_manager_mode_with_an_issuer_of_your_own(rendered: dict[str, list[Doc]]) -> None:
     serving = only(rendered["cert-manager-issuer"], "Certificate", "gpu-webhook-serving")["spec"]
     assert serving["issuerRef"] == {"group": "cert-manager.io", "kind": "ClusterIssuer", "name": "internal-ca"}
+    # No CA Certificate of the chart: the CA is what the serving Secret's ca.crt holds.
+    for kind in WEBHOOK_KINDS:
+        annotations = only(rendered["cert-manager-issuer"], kind, RELEASE)["metadata"]["annotations"]
+        assert annotations == {"cert-manager.io/inject-ca-from": f"{NAMESPACE}/gpu-webhook-serving"}
 
 
 def _load_cert(b64: str) -> Any:

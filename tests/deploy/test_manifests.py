@@ -379,7 +379,13 @@ def test_webhook_trust_anchor(case: HookCase, work: Path) -> None:
         namespace, cert_name = ref.split("/")
         cert = only(case.docs, "Certificate", cert_name)
         assert cert["metadata"]["namespace"] == namespace
-        assert cert["spec"]["secretName"] == tls_secret_name(case.docs)
+        # Injected from the CA Certificate itself: a renewed CA reaches the caBundle before any leaf it signs.
+        assert cert["spec"]["isCA"] is True
+        serving = [c for c in case.docs if c["kind"] == "Certificate" and c["spec"]["secretName"] ==
+                   tls_secret_name(case.docs)]
+        assert len(serving) == 1 and serving[0]["spec"]["issuerRef"]["name"] in {
+            d["metadata"]["name"] for d in case.docs
+            if d["kind"] == "Issuer" and d["spec"].get("ca", {}).get("secretName") == cert["spec"]["secretName"]}
         assert "caBundle" not in client_config, "cert-manager's CA injector owns caBundle"
     else:
         assert base64.b64decode(client_config["caBundle"]) == (work / "ca.pem").read_bytes()
@@ -698,7 +704,7 @@ def test_certificate_chain(rendered: dict[str, list[dict[str, Any]]], variant: s
     assert "selfSigned" in only(docs, "Issuer", ca_cert["spec"]["issuerRef"]["name"])["spec"]
     for kind in ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"):
         annotations = only(docs, kind, NAME)["metadata"]["annotations"]
-        assert annotations["cert-manager.io/inject-ca-from"] == f"{ns}/gpu-webhook-serving"
+        assert annotations["cert-manager.io/inject-ca-from"] == f"{ns}/gpu-webhook-ca"
 
 
 # ------------------------------------------------------------------------------------------- self-managed

@@ -10,12 +10,12 @@ and both webhook configurations carry cert-manager.io/inject-ca-from. The API se
 through the Service with the caBundle that cainjector copied in, so a mutated GPU Pod proves the whole path. Then:
 - a renewal of the serving certificate (as `cmctl renew` asks for it: the Certificate's Issuing condition): a new
   key and serial, the same CA, so the caBundle stays and no create fails while the Pods pick it up;
-- a renewal of the CA followed by the serving certificate: the serving Secret's ca.crt then holds the new CA and
-  cainjector merges it into every caBundle, beside the old CA (cert-manager's CAInjectorMerging, GA and on in
-  1.21: `pkg/controller/cainjector/injectables.go` appends the new certificates to the bundle and prunes expired
-  ones). An earlier version of this test waited for the caBundle to *equal* the new CA, which merging never
-  produces, and so reported the injection as missing. Creates during this renewal are not counted yet: between the
-  Pods serving the new leaf and cainjector's update the API server does not trust it (issue 48).
+- a renewal of the CA followed by the serving certificate, under the create loop: the chart injects from the CA
+  Certificate, so cainjector merges the new CA into every caBundle beside the old one (cert-manager's
+  CAInjectorMerging, GA and on in 1.21: `pkg/controller/cainjector/injectables.go` appends the new certificates
+  to the bundle and prunes expired ones) as soon as it is issued, before the serving certificate it signs; no
+  create fails. An earlier version of this test waited for the caBundle to *equal* the new CA, which merging never
+  produces, and so reported the injection as missing.
 
 Needs what test_21 needs (the real node: run it under flock /tmp/gpu-webhook-realnode.lock) and Go for the build.
 """
@@ -151,29 +151,37 @@ def test_serving_certificate_renewal_keeps_the_ca_bundle(cluster: Cluster, insta
 
 
 
-def test_ca_renewal_is_merged_into_every_ca_bundle(cluster: Cluster, installed: InstalledWebhook,
-                                                  namespace: str) -> None:
-    """cert-manager renews the CA, then the serving certificate: every caBundle then holds the new CA beside the old
-    one (merged, not replaced), the Pods serve the leaf of the new CA, and a Pod goes through."""
+def test_ca_renewal_is_merged_into_every_ca_bundle_with_no_failed_create(cluster: Cluster, installed: InstalledWebhook,
+                                                                        namespace: str) -> None:
+    """cert-manager renews the CA, then the serving certificate, under the create loop. The chart injects from the
+    CA Certificate, so every caBundle holds the new CA beside the old one (merged, not replaced) before a serving
+    certificate of the new CA exists; then the Pods serve the new leaf, and no create is refused or unmutated."""
     old_ca = _secret(cluster, f"{RELEASE}-ca")["tls.crt"]
-    _renew(cluster, f"{RELEASE}-ca")
-    wait_until(lambda: _secret(cluster, f"{RELEASE}-ca")["tls.crt"] != old_ca, 120,
-               "cert-manager to issue the CA again")
-    new_ca = _secret(cluster, f"{RELEASE}-ca")["tls.crt"]
-    _renew(cluster, f"{RELEASE}-serving")
-    wait_until(lambda: _secret(cluster, f"{RELEASE}-tls")["ca.crt"] == new_ca, 120,
-               "the serving certificate to be issued by the new CA")
-    started = time.monotonic()
-    wait_until(lambda: all(_der(new_ca) in certs for certs in _bundle_certificates(cluster)), 120,
-               "cainjector to merge the new CA into every caBundle")
-    took = time.monotonic() - started
-    bundles = _bundle_certificates(cluster)
-    assert all(certs == {_der(old_ca), _der(new_ca)} for certs in bundles), \
-        "each caBundle should hold the old CA (until it expires) and the new one"
-    renewed = _secret(cluster, f"{RELEASE}-tls")["tls.crt"]
-    wait_until(lambda: _served_certificates(installed) == {_der(renewed)}, 180,
-               "every webhook Pod to serve the certificate of the new CA", interval=1)
-    cluster.wait_webhook_active(timeout=60)
-    _mutated_pod(cluster, namespace, "through-the-new-ca")
+    with CreateLoop(cluster, namespace) as loop:
+        time.sleep(2)
+        _renew(cluster, f"{RELEASE}-ca")
+        wait_until(lambda: _secret(cluster, f"{RELEASE}-ca")["tls.crt"] != old_ca, 120,
+                   "cert-manager to issue the CA again")
+        new_ca = _secret(cluster, f"{RELEASE}-ca")["tls.crt"]
+        issued = time.monotonic()
+        wait_until(lambda: all(_der(new_ca) in certs for certs in _bundle_certificates(cluster)), 120,
+                   "cainjector to merge the new CA into every caBundle")
+        took = time.monotonic() - issued
+        assert _secret(cluster, f"{RELEASE}-tls")["ca.crt"] == old_ca, "the serving certificate was re-issued early"
+        bundles = _bundle_certificates(cluster)
+        assert all(certs == {_der(old_ca), _der(new_ca)} for certs in bundles), \
+            "each caBundle should hold the old CA (until it expires) and the new one"
+        _renew(cluster, f"{RELEASE}-serving")
+        wait_until(lambda: _secret(cluster, f"{RELEASE}-tls")["ca.crt"] == new_ca, 120,
+                   "the serving certificate to be issued by the new CA")
+        renewed = _secret(cluster, f"{RELEASE}-tls")["tls.crt"]
+        wait_until(lambda: _served_certificates(installed) == {_der(renewed)}, 180,
+                   "every webhook Pod to serve the certificate of the new CA", interval=1)
+        time.sleep(3)
+    counts = loop.counts()
+    refusals = [what for status, what in loop.results if status != 201]
     print(f"CA renewed by cert-manager: the new CA merged into every caBundle ({len(bundles)} distinct) "
-          f"{took:.0f} s after the serving Secret held it")
+          f"{took:.0f} s after it was issued, before the serving certificate; {counts}; {loop.summary()}")
+    assert counts["refused"] == 0, refusals[:5]
+    assert counts["unmutated"] == 0
+    _mutated_pod(cluster, namespace, "through-the-new-ca")
