@@ -148,33 +148,21 @@ def busy(count: int) -> Iterator[None]:
             proc.wait()
 
 
-def pod_names(installed: InstalledWebhook) -> set[str]:
-    return {p["metadata"]["name"] for p in installed.pods()}
-
-
-def rollout_done(cluster: Cluster) -> bool:
-    return cluster.kubectl("rollout", "status", f"deployment/{RELEASE}", "-n", WEBHOOK_NAMESPACE, "--timeout=5s",
-                           check=False).returncode == 0
-
-
-def replaced(cluster: Cluster, installed: InstalledWebhook, before: set[str], every: bool) -> Callable[[], bool]:
-    def done() -> bool:
-        now = pod_names(installed)
-        gone = not (before & now) if every else bool(before - now)
-        return gone and rollout_done(cluster)
-    return done
+def replaced(installed: InstalledWebhook, before: set[str]) -> Callable[[], bool]:
+    """Whether none of the Pods `before` is left and the rollout is complete."""
+    return lambda: not before & installed.pod_names() and installed.rolled_out()
 
 
 def operation(kind: str, number: int, cluster: Cluster, installed: InstalledWebhook, home: Path,
               stale_seconds: float) -> None:
-    before = pod_names(installed)
+    before = installed.pod_names()
     if kind == "rollout":
         cluster.kubectl("rollout", "restart", f"deployment/{RELEASE}", "-n", WEBHOOK_NAMESPACE)
-        wait_until(replaced(cluster, installed, before, every=True), 300, "the rollout", interval=1)
+        wait_until(replaced(installed, before), 300, "the rollout", interval=1)
     elif kind == "deletion":
         victim = sorted(before)[0]
         cluster.kubectl("delete", "pod", victim, "-n", WEBHOOK_NAMESPACE, "--wait=false")
-        wait_until(replaced(cluster, installed, {victim}, every=True), 300, "the replacement", interval=1)
+        wait_until(replaced(installed, {victim}), 300, "the replacement", interval=1)
     elif kind == "eviction":
         # What `kubectl drain` does to each Pod of a node: the Eviction API, which honours the PodDisruptionBudget.
         victim = sorted(before)[0]
@@ -184,7 +172,7 @@ def operation(kind: str, number: int, cluster: Cluster, installed: InstalledWebh
                                      eviction)
         if status != 201:
             raise RuntimeError(f"evicting {victim}: {status} {answer}")
-        wait_until(replaced(cluster, installed, {victim}, every=True), 300, "the replacement", interval=1)
+        wait_until(replaced(installed, {victim}), 300, "the replacement", interval=1)
     elif kind == "stale":
         # `kubectl rollout restart` while the EndpointSlice controller cannot write the Service's slices for
         # `stale_seconds` (a ValidatingAdmissionPolicy refuses them; the controller retries with its backoff, as
@@ -193,14 +181,14 @@ def operation(kind: str, number: int, cluster: Cluster, installed: InstalledWebh
         with endpoint_slices_frozen(cluster):
             cluster.kubectl("rollout", "restart", f"deployment/{RELEASE}", "-n", WEBHOOK_NAMESPACE)
             time.sleep(stale_seconds)
-        wait_until(replaced(cluster, installed, before, every=True), 300, "the rollout", interval=1)
+        wait_until(replaced(installed, before), 300, "the rollout", interval=1)
     else:
         values = home / f"upgrade-{number}.yaml"
         values.write_text(f"rules:\n  gpu-policy.yaml:\n    spec:\n      enforcement:\n        gpu-limits-required: "
                           f"{'warn' if number % 2 else 'deny'}\n")
         installed.helm("upgrade", RELEASE, str(CHART), "--namespace", WEBHOOK_NAMESPACE, "--reuse-values",
                        "-f", str(values), "--wait", "--timeout", "300s", timeout=360)
-        wait_until(replaced(cluster, installed, before, every=True), 300, "the upgrade", interval=1)
+        wait_until(replaced(installed, before), 300, "the upgrade", interval=1)
 
 
 def failed_calls(cluster: Cluster, since: float) -> list[tuple[float, str]]:

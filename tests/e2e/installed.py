@@ -157,6 +157,15 @@ class InstalledWebhook:
                                     "app.kubernetes.io/name=gpu-webhook", "-o", "json")
         return list(json.loads(done.stdout)["items"])
 
+    def pod_names(self) -> set[str]:
+        """The names of the webhook's Pods."""
+        return {pod["metadata"]["name"] for pod in self.pods()}
+
+    def rolled_out(self) -> bool:
+        """Whether the Deployment's rollout is complete (`kubectl rollout status`, 5 s at most)."""
+        return self.cluster.kubectl("rollout", "status", f"deployment/{RELEASE}", "-n", WEBHOOK_NAMESPACE,
+                                    "--timeout=5s", check=False).returncode == 0
+
 
 def _merge(base: Json, extra: Json) -> Json:
     for key, value in extra.items():

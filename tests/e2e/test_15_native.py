@@ -150,16 +150,16 @@ def intended(doc: dict[str, Any], webhook: dict[str, Any], native: dict[str, Any
                 "requiredDuringSchedulingIgnoredDuringExecution"):
             return "deferred to the webhook: " + compiled.DEFERRED["affinity"]
         families = set()
+        requested_only = False  # a GPU resource in some container's requests and not in its limits
         for c in [*(spec.get("containers") or []), *(spec.get("initContainers") or [])]:
-            names = {**((c.get("resources") or {}).get("limits") or {}), **((c.get("resources") or {}).get("requests")
-                                                                             or {})}
-            families |= {r.pattern for n in names if (r := policy.gpu_resource(n)) is not None and r.valid_for}
+            limits = (c.get("resources") or {}).get("limits") or {}
+            requests = (c.get("resources") or {}).get("requests") or {}
+            families |= {r.pattern for n in {**limits, **requests}
+                         if (r := policy.gpu_resource(n)) is not None and r.valid_for}
+            requested_only = requested_only or any(policy.gpu_resource(n) is not None and n not in limits
+                                                   for n in requests)
         if len(families) > 1:
             return "deferred to the webhook: " + compiled.DEFERRED["validFor"]
-        requested_only = any(
-            policy.gpu_resource(n) is not None and n not in ((c.get("resources") or {}).get("limits") or {})
-            for c in [*(spec.get("containers") or []), *(spec.get("initContainers") or [])]
-            for n in ((c.get("resources") or {}).get("requests") or {}))
         if (requested_only and not webhook["allowed"] and not native["allowed"] and native["denied"]
                 and set(native["denied"]) <= set(webhook["denied"])):
             return "refused in both; " + compiled.COUNTED_FROM_LIMITS

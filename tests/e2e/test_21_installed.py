@@ -9,6 +9,7 @@ Needs what test_20 needs, plus buildah and mmdebstrap (tests/e2e/build_node.sh i
 from __future__ import annotations
 
 import base64
+import contextlib
 import datetime as dt
 import json
 import socket
@@ -132,22 +133,26 @@ def test_pod_security_holds_in_the_running_container(cluster: Cluster, installed
     assert any("gunicorn" in p["cmd"] or "gpu-webhook" in p["cmd"] for p in processes)
 
 
-def _rollout_done(cluster: Cluster) -> bool:
-    done = cluster.kubectl("rollout", "status", f"deployment/{RELEASE}", "-n", WEBHOOK_NAMESPACE, "--timeout=5s",
-                           check=False)
-    return done.returncode == 0
+def _restart_under_a_create_loop(cluster: Cluster, installed: InstalledWebhook, namespace: str,
+                                 frozen_seconds: float = 0) -> CreateLoop:
+    """`kubectl rollout restart` under the create loop, until both webhook Pods are replaced; with
+    `frozen_seconds`, the Service's EndpointSlices cannot change for that long from the restart on."""
+    before = installed.pod_names()
+    with CreateLoop(cluster, namespace) as loop:
+        time.sleep(2)
+        with endpoint_slices_frozen(cluster) if frozen_seconds else contextlib.nullcontext():
+            cluster.kubectl("rollout", "restart", f"deployment/{RELEASE}", "-n", WEBHOOK_NAMESPACE)
+            time.sleep(frozen_seconds)
+        wait_until(lambda: installed.rolled_out() and not before & installed.pod_names(),
+                   240, "the rollout to replace both webhook Pods", interval=1)
+        time.sleep(5)  # the old Pods' endpoints are gone; keep creating against the new ones
+    return loop
 
 
 def test_rollout_restart_under_a_create_loop(cluster: Cluster, installed: InstalledWebhook, namespace: str) -> None:
     """readiness, preStop, the shutdown delay, the PDB and gunicorn's graceful timeout together: 0 refused,
     0 unmutated."""
-    before = {p["metadata"]["name"] for p in installed.pods()}
-    with CreateLoop(cluster, namespace) as loop:
-        time.sleep(2)
-        cluster.kubectl("rollout", "restart", f"deployment/{RELEASE}", "-n", WEBHOOK_NAMESPACE)
-        wait_until(lambda: _rollout_done(cluster) and not before & {p["metadata"]["name"] for p in installed.pods()},
-                   240, "the rollout to replace both webhook Pods", interval=1)
-        time.sleep(5)  # the old Pods' endpoints are gone; keep creating against the new ones
+    loop = _restart_under_a_create_loop(cluster, installed, namespace)
     counts = loop.counts()
     print(f"rollout restart: {counts}; {loop.summary()}")
     refusals = [what for status, what in loop.results if status != 201]
@@ -166,15 +171,7 @@ def test_rollout_while_the_endpoints_lag_under_a_create_loop(cluster: Cluster, i
     plane whose slice updates lag. The old Pods serve as long as reviews come (webhook/admission/shutdown.py);
     before, they stopped 10 s after their deletion and the API server's next dial to one was refused or waited
     out the 5 s deadline (bench/rollouts.py --stale: 26 of 4,767 creates refused in 3 such rollouts)."""
-    before = {p["metadata"]["name"] for p in installed.pods()}
-    with CreateLoop(cluster, namespace) as loop:
-        time.sleep(2)
-        with endpoint_slices_frozen(cluster):
-            cluster.kubectl("rollout", "restart", f"deployment/{RELEASE}", "-n", WEBHOOK_NAMESPACE)
-            time.sleep(12)
-        wait_until(lambda: _rollout_done(cluster) and not before & {p["metadata"]["name"] for p in installed.pods()},
-                   240, "the rollout to replace both webhook Pods", interval=1)
-        time.sleep(5)
+    loop = _restart_under_a_create_loop(cluster, installed, namespace, frozen_seconds=12)
     counts = loop.counts()
     refusals = [what for status, what in loop.results if status != 201]
     print(f"rollout with lagging endpoints: {counts}; {loop.summary()}; refusals: {refusals[:5]}")
@@ -192,7 +189,7 @@ def test_deleting_a_webhook_pod_under_a_create_loop(cluster: Cluster, installed:
     with CreateLoop(cluster, namespace) as loop:
         time.sleep(2)
         cluster.kubectl("delete", "pod", victim, "-n", WEBHOOK_NAMESPACE, "--wait=false")
-        wait_until(lambda: _rollout_done(cluster) and victim not in {p["metadata"]["name"] for p in installed.pods()},
+        wait_until(lambda: installed.rolled_out() and victim not in installed.pod_names(),
                    240, "the Deployment to replace the deleted Pod", interval=1)
         time.sleep(5)
     counts = loop.counts()
@@ -213,7 +210,7 @@ def test_rule_change_through_helm_upgrade(cluster: Cluster, installed: Installed
     """The README's story for Helm: `helm upgrade` with a rule edit in the values rolls the Pods (checksum/rules),
     and the new rules serve; under the create loop nothing is refused or unmutated."""
     before_digest = _rules_digest(cluster, namespace)
-    before_pods = {p["metadata"]["name"] for p in installed.pods()}
+    before_pods = installed.pod_names()
     values = installed.home / "rules-edit.yaml"
     values.write_text("rules:\n  gpu-policy.yaml:\n    spec:\n      enforcement:\n"
                       "        gpu-limits-required: warn\n")
@@ -221,8 +218,8 @@ def test_rule_change_through_helm_upgrade(cluster: Cluster, installed: Installed
         installed.helm("upgrade", RELEASE, str(CHART),
                        "--namespace", WEBHOOK_NAMESPACE, "--reuse-values", "-f", str(values), "--wait",
                        "--timeout", "240s", timeout=300)
-        wait_until(lambda: _rollout_done(cluster)
-                   and not before_pods & {p["metadata"]["name"] for p in installed.pods()},
+        wait_until(lambda: installed.rolled_out()
+                   and not before_pods & installed.pod_names(),
                    240, "the upgrade to roll both webhook Pods", interval=1)
         time.sleep(3)
     after_digest = _rules_digest(cluster, namespace)
@@ -308,7 +305,7 @@ def test_cluster_awareness_in_cluster_with_the_charts_rbac(cluster: Cluster, ins
     # The one change to what ships, standing in for kube-proxy: the chart's extraEnv takes only GPU_WEBHOOK_*.
     cluster.kubectl("set", "env", f"deployment/{RELEASE}", "-n", WEBHOOK_NAMESPACE,
                     f"KUBERNETES_SERVICE_HOST={host}", f"KUBERNETES_SERVICE_PORT={port}")
-    wait_until(lambda: _rollout_done(cluster), 240, "the upgrade to roll out", interval=1)
+    wait_until(lambda: installed.rolled_out(), 240, "the upgrade to roll out", interval=1)
     wait_until(lambda: all(_readyz(p)["checks"]["inventory"]["synced"] is True  # type: ignore[index]
                            for p in installed.pods()), 60, "the in-cluster inventory to sync")
 
@@ -317,7 +314,7 @@ def test_cluster_awareness_in_cluster_with_the_charts_rbac(cluster: Cluster, ins
     narrowed = [r for r in saved["rules"] if "runtimeclasses" not in r.get("resources", [])]
     cluster.kubectl("patch", "clusterrole", role, "--type=json", "-p",
                     json.dumps([{"op": "replace", "path": "/rules", "value": narrowed}]))
-    before = {p["metadata"]["name"] for p in installed.pods()}
+    before = installed.pod_names()
     try:
         cluster.kubectl("rollout", "restart", f"deployment/{RELEASE}", "-n", WEBHOOK_NAMESPACE)
 
@@ -344,8 +341,8 @@ def test_cluster_awareness_in_cluster_with_the_charts_rbac(cluster: Cluster, ins
         status = container_status(pods[name])
         assert status.get("ready") is False and status.get("restartCount") == 0 and "running" in status["state"]
         assert before <= set(pods) and all(container_status(pods[old]).get("ready") is True for old in before)
-        assert not _rollout_done(cluster)
+        assert not installed.rolled_out()
     finally:
         cluster.kubectl("patch", "clusterrole", role, "--type=json", "-p",
                         json.dumps([{"op": "replace", "path": "/rules", "value": saved["rules"]}]))
-    wait_until(lambda: _rollout_done(cluster), 240, "the rollout to finish once the permission is back", interval=1)
+    wait_until(lambda: installed.rolled_out(), 240, "the rollout to finish once the permission is back", interval=1)

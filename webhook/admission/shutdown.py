@@ -130,6 +130,8 @@ class DelayingArbiter(Arbiter):  # type: ignore[misc]
             if since_sigterm >= self.timing.delay and not self.extended:
                 self.extended = True
                 self.log.warning("reviews still arrive %.1f s after SIGTERM (the last %.1f s ago): a client still "
-                                 "resolves the Service to this Pod, so it serves on until they stop",
-                                 since_sigterm, since_review)
+                                 "resolves the Service to this Pod, so it serves on until none has come for %.1f s "
+                                 "(at most %.1f s after SIGTERM); if this shows in every rollout, the Service's "
+                                 "EndpointSlice updates lag: look at kube-controller-manager's endpointslice "
+                                 "controller", since_sigterm, since_review, self.timing.quiet, self.timing.longest)
         super().manage_workers()
