@@ -13,8 +13,8 @@ import pytest
 from flask import Flask
 from prometheus_client import CollectorRegistry
 from support.admission import body, review
-from support.cluster_api import FakeClock, serve_cluster, wait_synced
-from support.kube_replay import Json, ReplayServer, status
+from support.cluster_api import FakeClock, node_list, serve_cluster, wait_synced
+from support.kube_replay import Hang, Json, ReplayServer, status
 
 from webhook.admission.app import create_app
 from webhook.admission.settings import Settings, SettingsError
@@ -83,7 +83,8 @@ def test_unreachable_api_skips_inventory_checks_and_says_so(replay: ReplayServer
         assert result["allowed"] is True  # everything else works as without a cluster
         assert result["patchType"] == "JSONPatch"
         assert any("[gpu-inventory-unavailable]" in w for w in result.get("warnings", []))
-        assert app.test_client().get("/readyz").status_code == 200  # unreachable is not refused: stays ready
+        # Unreachable is not refused: once every first list has an answer (here a 503), the replica is ready.
+        replay.wait_until(lambda: app.test_client().get("/readyz").status_code == 200, what="ready on the 503s")
     finally:
         inventory.stop()
 
@@ -107,6 +108,23 @@ def test_a_list_refused_at_start_makes_the_replica_unready(replay: ReplayServer,
         result = answer(app, "/mutate", gpu_pod_review("2", {"gpu-webhook.io/workload": "training"}))
         assert result["allowed"] is True
         assert any("[gpu-inventory-unavailable]" in w for w in result.get("warnings", []))
+    finally:
+        inventory.stop()
+
+
+def test_a_first_list_not_yet_answered_keeps_the_replica_unready(replay: ReplayServer, tmp_path: Path) -> None:
+    """Until every first list has an answer the replica is unready, so the kubelet's first probe cannot find a new
+    replica Ready a moment before its refusal shows (a rollout would go on); the answer makes it ready."""
+    serve_cluster(replay)
+    replay.route(NODES, list=[Hang(1.5, Json(node_list()))])
+    app, inventory = app_over(replay, tmp_path)
+    try:
+        client = app.test_client()
+        replay.wait_until(lambda: bool(replay.seen(NODES)), what="the node list to be asked")
+        response = client.get("/readyz")
+        assert response.status_code == 503
+        assert response.get_json()["checks"]["inventory"]["reason"] == "no answer yet to the initial list of nodes"
+        replay.wait_until(lambda: client.get("/readyz").status_code == 200, what="ready once the list is answered")
     finally:
         inventory.stop()
 

@@ -170,7 +170,7 @@ def test_snapshot_never_waits_on_the_api_server(server: ReplayServer, tmp_path: 
         started = time.monotonic()
         snapshot = inventory.snapshot()
         assert time.monotonic() - started < 0.1
-        assert not snapshot.synced and snapshot.reason == "initial list of nodes pending"
+        assert not snapshot.synced and snapshot.reason == "no answer yet to the initial list of nodes"
         assert snapshot.namespace_labels("ml-research") is None
 
 

@@ -30,7 +30,7 @@ from webhook.admission.tls import Loaded, ServingTls
 from webhook.policy.claims import CLAIM_KINDS
 from webhook.policy.engine import Context, evaluate
 from webhook.policy.findings import Mode, Verdict
-from webhook.policy.inventory import REFUSED_AT_START, Snapshot
+from webhook.policy.inventory import FIRST_LIST_UNANSWERED, REFUSED_AT_START, Snapshot
 from webhook.policy.patch import operations
 from webhook.policy.pods import KNOWN_KINDS
 
@@ -127,14 +127,16 @@ class AdmissionServer:
         if self.inventory is not None:
             # Not synced, it says why. A list the API server refused at start (the ServiceAccount lacks a
             # permission) makes this replica unready: a rollout stalls while the old replicas serve, and nothing
-            # crash-loops. Any other gap (not yet listed, the API server unreachable or a permission taken away
-            # later, once listed) is reported only: an unready fleet would leave the validating webhook
-            # (failurePolicy Fail) without endpoints, and the inventory checks are skipped with a warning instead.
+            # crash-loops. So does a first list not yet answered: else the kubelet's first probe could find a new
+            # replica Ready a moment before its refusal, and the rollout would go on. Any other gap (the API server
+            # unreachable or failing at start, a permission taken away once listed) is reported only: an unready
+            # fleet would leave the validating webhook (failurePolicy Fail) without endpoints, and the inventory
+            # checks are skipped with a warning instead.
             snapshot = self.inventory.snapshot()
             checks["inventory"] = {"synced": snapshot.synced, "dra": dict(snapshot.dra.counts)}  # objects held
             if not snapshot.synced:
                 checks["inventory"]["reason"] = snapshot.reason
-                if snapshot.reason.startswith(REFUSED_AT_START):
+                if snapshot.reason.startswith((REFUSED_AT_START, FIRST_LIST_UNANSWERED)):
                     ready = False
         if self.tls is not None:
             loaded = self.tls.refresh()

@@ -366,8 +366,9 @@ class ClusterInventory:
                 if not cache.listed:
                     if cache.refused:
                         return False, f"{inventory.REFUSED_AT_START} {name}: {cache.error}"
-                    why = f": {cache.error}" if cache.error else ""
-                    return False, f"initial list of {name} pending{why}"
+                    if not cache.error:
+                        return False, f"{inventory.FIRST_LIST_UNANSWERED} {name}"
+                    return False, f"initial list of {name} pending: {cache.error}"
                 # An absent collection (not served, or forbidden) is asked again only at the resync: not stale.
                 if cache.absent is None and cache.last_contact is not None \
                         and now - cache.last_contact > self.stale_seconds:

@@ -27,6 +27,7 @@ from webhook.policy.node_index import SHOWN, NodeView, Query, Summary, canonical
 from webhook.policy.pods import Path, mapping
 from webhook.policy.rules import Expression, Policy
 from webhook.policy.snapshot import (
+    FIRST_LIST_UNANSWERED,
     REFUSED_AT_START,
     ClaimTemplate,
     Namespace,
@@ -47,7 +48,8 @@ from webhook.policy.snapshot import (
 
 # The cluster state (webhook.policy.snapshot), re-exported for the callers of the decisions; the module's own
 # names are public too.
-__all__ = ["REFUSED_AT_START", "ClaimTemplate", "Namespace", "Node", "RuntimeClass", "Snapshot", "Taint",
+__all__ = ["FIRST_LIST_UNANSWERED", "REFUSED_AT_START", "ClaimTemplate", "Namespace", "Node", "RuntimeClass",
+           "Snapshot", "Taint",
            "claim_template_from_api", "namespace_from_api", "node_from_api", "object_key", "runtime_class_from_api",
            "snapshot_from_api", "snapshot_of"]
 

@@ -24,6 +24,9 @@ from webhook.policy.pods import mapping
 # How a snapshot's `reason` begins when the API server refused an initial list (401/403): with no list of that kind
 # ever made, the server cannot run the checks it was configured for, and its /readyz fails (webhook.admission.app).
 REFUSED_AT_START = "the API server refused the initial list of"
+# How it begins while an initial list has had no answer yet: the replica is unready until every first list is
+# answered, so a new replica never turns Ready (and lets a rollout go on) a moment before a refusal would show.
+FIRST_LIST_UNANSWERED = "no answer yet to the initial list of"
 
 
 @dataclass(frozen=True)
