@@ -700,7 +700,7 @@ def test_certificate_chain(rendered: dict[str, list[dict[str, Any]]], variant: s
     ca_cert = next(d for d in docs if d["kind"] == "Certificate" and d["spec"].get("isCA"))
     assert ca_issuer["spec"]["ca"]["secretName"] == ca_cert["spec"]["secretName"] != serving["secretName"]
     assert ca_cert["spec"]["privateKey"]["algorithm"] == "ECDSA"
-    assert "rotationPolicy" in ca_cert["spec"]["privateKey"]
+    assert ca_cert["spec"]["privateKey"]["rotationPolicy"] == "Never", "the renewed CA keeps its key (docs/deploy.md)"
     assert "selfSigned" in only(docs, "Issuer", ca_cert["spec"]["issuerRef"]["name"])["spec"]
     for kind in ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"):
         annotations = only(docs, kind, NAME)["metadata"]["annotations"]

@@ -34,6 +34,7 @@ from cluster import (
     wait_scheduled,
     wait_until,
 )
+from cryptography import x509
 from installed import strip_server_fields
 
 pytestmark = pytest.mark.e2e
@@ -217,5 +218,22 @@ def test_generated_certificates_are_kept_until_due_for_renewal(
         assert renewed[TLS_SECRET]["data"]["ca.crt"] == bundle
         assert renewed[TLS_SECRET]["data"]["tls.crt"] != first[TLS_SECRET]["data"]["tls.crt"]
         assert _ca_bundles(cluster) == {bundle}
+
+        # 3651 days' notice: the CA is due too. Renewed with its key kept (caKeyRotationPolicy: Never), it is in
+        # both caBundles at once and verifies the serving certificate the old CA signed.
+        helm("upgrade", *chart, "--set", "certificates.generate.renewBeforeDays=3651")
+        ca_renewed = _secrets(cluster, namespace)
+        new_bundle = ca_renewed[CA_SECRET]["data"]["tls.crt"]
+        assert new_bundle != bundle and ca_renewed[TLS_SECRET]["data"]["ca.crt"] == new_bundle
+        assert ca_renewed[CA_SECRET]["data"]["tls.key"] == first[CA_SECRET]["data"]["tls.key"]
+        assert _ca_bundles(cluster) == {new_bundle}
+        old_leaf = x509.load_pem_x509_certificate(base64.b64decode(renewed[TLS_SECRET]["data"]["tls.crt"]))
+        old_leaf.verify_directly_issued_by(x509.load_pem_x509_certificate(base64.b64decode(new_bundle)))
+
+        # caKeyRotationPolicy: Always makes a new key (the CA is still due).
+        helm("upgrade", *chart, "--set", "certificates.generate.renewBeforeDays=3651",
+             "--set", "certificates.generate.caKeyRotationPolicy=Always")
+        rekeyed = _secrets(cluster, namespace)
+        assert rekeyed[CA_SECRET]["data"]["tls.key"] != first[CA_SECRET]["data"]["tls.key"]
     finally:
         helm("uninstall", LOOKUP_RELEASE, "--namespace", namespace, "--wait", check=False)

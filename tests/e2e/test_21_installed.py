@@ -280,6 +280,59 @@ def test_certificate_rotated_in_the_secret(cluster: Cluster, installed: Installe
     assert counts["refused"] == 0 and counts["unmutated"] == 0
 
 
+def _hook_bundles(cluster: Cluster) -> set[str]:
+    return {hook["clientConfig"]["caBundle"] for kind in HOOK_KINDS
+            for hook in json.loads(cluster.kubectl("get", kind, RELEASE, "-o", "json").stdout)["webhooks"]}
+
+
+def test_ca_renewed_by_helm_upgrade_under_a_create_loop(cluster: Cluster, installed: InstalledWebhook,
+                                                        namespace: str) -> None:
+    """certificates.mode=generate: a `helm upgrade` that finds the CA due (renewBeforeDays) renews it and the serving
+    certificate, and writes the renewed CA into both caBundles at once, while the Pods serve the old serving
+    certificate until the kubelet refreshes the mounted Secret (up to its sync period). The renewal keeps the CA's
+    key (generate.caKeyRotationPolicy: Never), so the renewed CA verifies the old serving certificate: nothing is
+    refused or unmutated."""
+    def secret(name: str) -> dict[str, str]:
+        return dict(json.loads(cluster.kubectl("get", "secret", name, "-n", WEBHOOK_NAMESPACE, "-o",
+                                               "json").stdout)["data"])
+
+    before_ca, before_tls = secret(f"{RELEASE}-ca"), secret(f"{RELEASE}-tls")
+    old_leaf = x509.load_pem_x509_certificate(base64.b64decode(before_tls["tls.crt"]))
+    old_der = old_leaf.public_bytes(serialization.Encoding.DER)
+    values = installed.home / "ca-due.yaml"
+    values.write_text(yaml.safe_dump({"certificates": {"generate": {"renewBeforeDays": 3651}}}))  # the CA: 3650
+    with CreateLoop(cluster, namespace) as loop:
+        time.sleep(2)
+        # --force-conflicts: an earlier test wrote the serving Secret by hand (kubectl patch), as an operator may.
+        installed.helm("upgrade", RELEASE, str(CHART), "--namespace", WEBHOOK_NAMESPACE, "--reuse-values", "-f",
+                       str(values), "--force-conflicts", "--wait", "--timeout", "240s", timeout=300)
+        upgraded = time.monotonic()
+        renewed_ca, renewed_tls = secret(f"{RELEASE}-ca"), secret(f"{RELEASE}-tls")
+        old_leaf_served = old_der in _served_certificates(installed)
+        new_der = x509.load_pem_x509_certificate(base64.b64decode(renewed_tls["tls.crt"])).public_bytes(
+            serialization.Encoding.DER)
+        wait_until(lambda: _served_certificates(installed) == {new_der}, 180,
+                   "every webhook Pod to serve the serving certificate of the renewed CA", interval=1)
+        took = time.monotonic() - upgraded
+        time.sleep(3)
+    counts = loop.counts()
+    refusals = [what for status, what in loop.results if status != 201]
+    installed.helm("upgrade", RELEASE, str(CHART), "--namespace", WEBHOOK_NAMESPACE, "--reuse-values", "--set",
+                   "certificates.generate.renewBeforeDays=30", "--wait", "--timeout", "240s", timeout=300)
+    new_ca = x509.load_pem_x509_certificate(base64.b64decode(renewed_ca["tls.crt"]))
+    old_ca = x509.load_pem_x509_certificate(base64.b64decode(before_ca["tls.crt"]))
+    assert renewed_ca["tls.crt"] != before_ca["tls.crt"], "the upgrade did not renew the due CA"
+    assert renewed_ca["tls.key"] == before_ca["tls.key"], "the renewal made a new CA key (caKeyRotationPolicy)"
+    assert new_ca.subject == old_ca.subject and new_ca.not_valid_after_utc > old_ca.not_valid_after_utc
+    assert _hook_bundles(cluster) == {renewed_ca["tls.crt"]} == {renewed_tls["ca.crt"]}
+    old_leaf.verify_directly_issued_by(new_ca)  # what the API server does with the old leaf and the new bundle
+    print(f"CA renewed by helm upgrade: the old serving certificate was {'still' if old_leaf_served else 'no longer'} "
+          f"served when the upgrade returned; every Pod served the new one {took:.0f} s later; {counts}; "
+          f"{loop.summary()}")
+    assert counts["refused"] == 0, refusals[:5]
+    assert counts["unmutated"] == 0
+
+
 def _readyz(pod: dict[str, object]) -> dict[str, object]:
     """A webhook Pod's /readyz document, read on its Pod IP (on the suite's own bridge)."""
     context = ssl.create_default_context()

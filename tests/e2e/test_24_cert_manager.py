@@ -15,7 +15,11 @@ through the Service with the caBundle that cainjector copied in, so a mutated GP
   CAInjectorMerging, GA and on in 1.21: `pkg/controller/cainjector/injectables.go` appends the new certificates
   to the bundle and prunes expired ones) as soon as it is issued, before the serving certificate it signs; no
   create fails. An earlier version of this test waited for the caBundle to *equal* the new CA, which merging never
-  produces, and so reported the injection as missing.
+  produces, and so reported the injection as missing;
+- the same renewal with cainjector stopped (cert-manager-lite run as `--components=controller`), the order the
+  kubelet can produce: the Pods serve the renewed CA's leaf while the caBundles hold only the old CA. The chart's
+  CA keeps its key at renewal (`certManager.caKeyRotationPolicy: Never`), so the old CA verifies the new leaf and
+  no create fails; the restarted cainjector merges the new CA in.
 
 Needs what test_21 needs (the real node: run it under flock /tmp/gpu-webhook-realnode.lock) and Go for the build.
 """
@@ -34,6 +38,7 @@ from cluster import HERE, WEBHOOK_NAMESPACE, Cluster, CreateLoop, gpu_pod, injec
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 from installed import HOOK_KINDS, RELEASE, InstalledWebhook
+from procs import Proc
 from realnode import RealNode
 from test_21_installed import _served_certificates
 
@@ -48,23 +53,42 @@ def _cert_manager_bin() -> Path:
     return Path(done.stdout.strip().splitlines()[-1])
 
 
+class CertManager:
+    """cert-manager-lite against the cluster, run whole or as one of its parts (`controller`, `cainjector`), as
+    upstream runs them in two Deployments that can stop independently."""
+
+    def __init__(self, cluster: Cluster, binary: Path) -> None:
+        self.cluster, self.binary = cluster, binary
+        self.proc: Proc | None = None
+
+    def run(self, components: str = "controller,cainjector") -> None:
+        self.stop()
+        self.proc = spawn("cert-manager-lite", [str(self.binary), f"--kubeconfig={self.cluster.kubeconfig}",
+                                                f"--components={components}"], self.cluster.logdir)
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.proc.stop()
+            self.proc = None
+
+
 @pytest.fixture(scope="module")
-def cert_manager(cluster: Cluster) -> Iterator[None]:
+def cert_manager(cluster: Cluster) -> Iterator[CertManager]:
     """cert-manager's CRDs applied and cert-manager-lite running against the cluster."""
     bindir = _cert_manager_bin()
     crds = bindir.parent / "crds"
     cluster.kubectl("apply", "--server-side", "-f", str(crds))
     cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s", "-f", str(crds))
-    proc = spawn("cert-manager-lite", [str(bindir / "cert-manager-lite"), f"--kubeconfig={cluster.kubeconfig}"],
-                 cluster.logdir)
+    manager = CertManager(cluster, bindir / "cert-manager-lite")
+    manager.run()
     try:
-        yield
+        yield manager
     finally:
-        proc.stop()
+        manager.stop()
 
 
 @pytest.fixture(scope="module")
-def installed(cluster: Cluster, real_node: RealNode, cert_manager: None,
+def installed(cluster: Cluster, real_node: RealNode, cert_manager: CertManager,
               tmp_path_factory: pytest.TempPathFactory) -> Iterator[InstalledWebhook]:
     webhook = InstalledWebhook(cluster=cluster, node=real_node, home=tmp_path_factory.mktemp("installed-cm"))
     webhook.prepare()
@@ -185,3 +209,47 @@ def test_ca_renewal_is_merged_into_every_ca_bundle_with_no_failed_create(cluster
     assert counts["refused"] == 0, refusals[:5]
     assert counts["unmutated"] == 0
     _mutated_pod(cluster, namespace, "through-the-new-ca")
+
+
+def test_ca_renewal_with_cainjector_stopped_fails_no_create(cluster: Cluster, installed: InstalledWebhook,
+                                                            cert_manager: CertManager, namespace: str) -> None:
+    """The order the kubelet can produce: the Pods serve a leaf of the renewed CA before any caBundle holds it
+    (cainjector stopped for the renewal, restarted after). The chart's CA keeps its key at a renewal
+    (`certManager.caKeyRotationPolicy: Never`), so the old CA certificate in the bundles already verifies the new
+    leaf: no create is refused or unmutated; the restarted cainjector then merges the new CA in."""
+    old_ca = _secret(cluster, f"{RELEASE}-ca")["tls.crt"]
+    bundles_before = _bundle_certificates(cluster)
+    assert all(_der(old_ca) in certs for certs in bundles_before)
+    cert_manager.run("controller")
+    try:
+        with CreateLoop(cluster, namespace) as loop:
+            time.sleep(2)
+            _renew(cluster, f"{RELEASE}-ca")
+            wait_until(lambda: _secret(cluster, f"{RELEASE}-ca")["tls.crt"] != old_ca, 120,
+                       "cert-manager to issue the CA again")
+            new_ca = _secret(cluster, f"{RELEASE}-ca")
+            _renew(cluster, f"{RELEASE}-serving")
+            wait_until(lambda: _secret(cluster, f"{RELEASE}-tls")["ca.crt"] == new_ca["tls.crt"], 120,
+                       "the serving certificate to be issued by the renewed CA")
+            renewed = _secret(cluster, f"{RELEASE}-tls")["tls.crt"]
+            wait_until(lambda: _served_certificates(installed) == {_der(renewed)}, 180,
+                       "every webhook Pod to serve the leaf of the renewed CA", interval=1)
+            time.sleep(3)
+            bundles_meanwhile = _bundle_certificates(cluster)
+        counts = loop.counts()
+    finally:
+        cert_manager.run()
+    ca_key = serialization.load_pem_private_key(new_ca["tls.key"], None).public_key()
+    old_key = x509.load_pem_x509_certificate(old_ca).public_key()
+    assert ca_key == old_key, "the renewed CA has a new key: caKeyRotationPolicy is not Never"
+    assert bundles_meanwhile == bundles_before, "cainjector was stopped, yet a caBundle changed"
+    assert all(_der(new_ca["tls.crt"]) not in certs for certs in bundles_meanwhile)
+    refusals = [what for status, what in loop.results if status != 201]
+    print(f"CA and serving certificate renewed with cainjector stopped: the Pods served the renewed CA's leaf "
+          f"with only the old CA in the caBundles; {counts}; {loop.summary()}")
+    assert counts["refused"] == 0, refusals[:5]
+    assert counts["unmutated"] == 0
+    wait_until(lambda: all(_der(new_ca["tls.crt"]) in certs for certs in _bundle_certificates(cluster)), 120,
+               "the restarted cainjector to merge the renewed CA into every caBundle")
+    _mutated_pod(cluster, namespace, "after-the-late-injection")
+

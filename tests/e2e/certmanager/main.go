@@ -7,7 +7,10 @@
 // test stand-in for an installed cert-manager, not a replacement for it: no webhook (the CRDs' schemas validate), no
 // ACME, Vault or Venafi issuers, no leader election, no metrics.
 //
-//	cert-manager-lite --kubeconfig FILE [--namespace NS]
+//	cert-manager-lite --kubeconfig FILE [--namespace NS] [--components controller,cainjector]
+//
+// --components runs a part alone (`controller` or `cainjector`), as upstream's two Deployments do, so that a test
+// can stop the CA injector while the controller renews certificates.
 package main
 
 import (
@@ -16,6 +19,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -64,22 +68,65 @@ func main() {
 	flags := flag.NewFlagSet("cert-manager-lite", flag.ExitOnError)
 	kubeconfig := flags.String("kubeconfig", "", "kubeconfig of the cluster (required)")
 	namespace := flags.String("namespace", "", "only this namespace (default: all)")
+	components := flags.String("components", "controller,cainjector",
+		"the parts to run, comma-separated: controller (issuers, certificates, signers, approver), cainjector")
 	klog.InitFlags(flags)
 	_ = flags.Parse(os.Args[1:])
 	if *kubeconfig == "" {
 		fmt.Fprintln(os.Stderr, "cert-manager-lite: --kubeconfig is required")
 		os.Exit(2)
 	}
+	parts := map[string]bool{}
+	for _, part := range strings.Split(*components, ",") {
+		if part != "controller" && part != "cainjector" {
+			fmt.Fprintf(os.Stderr, "cert-manager-lite: --components=%s: %q is not a part; use controller, cainjector or both\n",
+				*components, part)
+			os.Exit(2)
+		}
+		parts[part] = true
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	ctrl.SetLogger(klog.NewKlogr())
-	if err := run(ctx, *kubeconfig, *namespace); err != nil {
+	if err := run(ctx, *kubeconfig, *namespace, parts["controller"], parts["cainjector"]); err != nil {
 		fmt.Fprintf(os.Stderr, "cert-manager-lite: %v\n", err)
 		os.Exit(1)
 	}
 }
 
-func run(ctx context.Context, kubeconfig, namespace string) error {
+func run(ctx context.Context, kubeconfig, namespace string, withController, withInjector bool) error {
+	errs := make(chan error, len(controllers)+1)
+	var wg sync.WaitGroup
+	if withController {
+		if err := startController(ctx, kubeconfig, namespace, errs, &wg); err != nil {
+			return err
+		}
+	}
+	if withInjector {
+		injector, err := newInjector(ctx, kubeconfig, namespace)
+		if err != nil {
+			return err
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := injector.Start(ctx); err != nil {
+				errs <- fmt.Errorf("cainjector: %w", err)
+			}
+		}()
+	}
+	fmt.Fprintf(os.Stderr, "cert-manager-lite: running (controller %t, cainjector %t)\n", withController, withInjector)
+	select {
+	case err := <-errs:
+		return err
+	case <-ctx.Done():
+		wg.Wait()
+		return nil
+	}
+}
+
+// startController starts the Issuer, Certificate and CertificateRequest controllers; an error of one reaches errs.
+func startController(ctx context.Context, kubeconfig, namespace string, errs chan<- error, wg *sync.WaitGroup) error {
 	factory, err := controllerpkg.NewContextFactory(ctx, controllerpkg.ContextOptions{
 		Kubeconfig: kubeconfig, Namespace: namespace, KubernetesAPIQPS: 50, KubernetesAPIBurst: 100,
 		IssuerOptions: controllerpkg.IssuerOptions{ClusterResourceNamespace: "kube-system"},
@@ -112,12 +159,6 @@ func run(ctx context.Context, kubeconfig, namespace string) error {
 	shared.SharedInformerFactory.Start(ctx.Done())
 	shared.HTTP01ResourceMetadataInformersFactory.Start(ctx.Done())
 
-	injector, err := newInjector(ctx, kubeconfig, namespace)
-	if err != nil {
-		return err
-	}
-	errs := make(chan error, len(loops)+1)
-	var wg sync.WaitGroup
 	for i, loop := range loops {
 		wg.Add(1)
 		go func() {
@@ -127,21 +168,7 @@ func run(ctx context.Context, kubeconfig, namespace string) error {
 			}
 		}()
 	}
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		if err := injector.Start(ctx); err != nil {
-			errs <- fmt.Errorf("cainjector: %w", err)
-		}
-	}()
-	fmt.Fprintln(os.Stderr, "cert-manager-lite: running")
-	select {
-	case err := <-errs:
-		return err
-	case <-ctx.Done():
-		wg.Wait()
-		return nil
-	}
+	return nil
 }
 
 // newInjector is cainjector: a controller-runtime manager whose reconcilers copy the CA of the Certificate named
