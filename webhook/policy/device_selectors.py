@@ -102,16 +102,16 @@ class Condition:
     value: str
 
     def holds(self, driver: str, device: Device) -> Verdict:
-        """As CEL: a missing attribute is an error (undecided); a string compared with an int or a bool is false,
-        with a version an error; `lowerAscii()` of anything but a string an error."""
+        """As CEL here: a missing attribute is an error (undecided); a string compared with another type is false;
+        `lowerAscii()` of anything but a string an error."""
         if not self.attribute:
             return driver == self.value
         found = device.attribute(self.attribute)
         if found is None:
             return None
         kind, text = found
-        if kind != "string":
-            return False if self.op == "==" and kind in ("int", "bool") else None
+        if kind != "string":  # an int, a bool or a semver equals no string; a semver has no lowerAscii()
+            return False if self.op == "==" else None
         return text == self.value if self.op == "==" else self.value in text.lower()
 
 
@@ -180,7 +180,7 @@ def _normalized(text: str) -> str:
     core, sep, rest = text.removeprefix("v").partition("-")
     if not sep:
         core, sep, rest = core.partition("+")
-    parts = (core.split(".") + ["0", "0"])[:3] if core.count(".") < 2 else core.split(".")
+    parts = [*core.split("."), "0", "0"][:3] if core.count(".") < 2 else core.split(".")
     return ".".join(p.lstrip("0") or "0" for p in parts) + sep + rest
 
 
@@ -375,7 +375,7 @@ def rewrite_bind(expression: str) -> str:
         name = expression[found[start + 3].end:found[commas[0]].start].strip()
         init = expression[found[commas[0]].end:found[commas[1]].start]
         body = expression[found[commas[1]].end:found[close].start]
-        expression = (expression[:found[start].start] + f"[{init}].map({name},{body})[0]"
+        expression = (expression[:found[start].start] + f"[{init.strip()}].map({name},{body})[0]"
                       + expression[found[close].end:])
 
 
@@ -386,8 +386,8 @@ _READ_BY_NAME = ("[", "string", "]", ".", "ident")
 @dataclass(frozen=True, slots=True)
 class Reach:
     """What an expression can read of a device: the domains it names (`attributes["<domain>"]`) and, when it reads
-    attributes and capacities only by name (`attributes["<domain>"].<name>`), the qualified names it can read;
-    None: anything (it iterates, compares or passes a whole map)."""
+    attributes and capacities only by name (`attributes["<domain>"].<name>`, not a function of the map), the
+    qualified names it can read; None: anything (it iterates, compares or passes a whole map)."""
 
     domains: frozenset[str]
     names: frozenset[str] | None
@@ -404,11 +404,11 @@ def reach(found: list[Token]) -> Reach:
                                        or found[i + 2].text not in ("driver", "attributes", "capacity")):
             by_name = False
         if token.text in ("attributes", "capacity") and i and found[i - 1].text == ".":
-            following = found[i + 1:i + 6]
+            following = found[i + 1:i + 7]
             shape = [t.kind if t.kind in ("string", "ident") else t.text for t in following]
             if len(following) >= 3 and shape[:3] == ["[", "string", "]"] and following[1].value is not None:
                 domains.add(following[1].value)
-            if shape != list(_READ_BY_NAME) or following[1].value is None:
+            if shape[:5] != list(_READ_BY_NAME) or following[1].value is None or shape[5:] == ["("]:
                 by_name = False
     names = frozenset(f"{d}/{w}" for d in domains for w in words if w) if by_name else None
     return Reach(frozenset(domains), names)
