@@ -60,7 +60,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from webhook.admission.loader import load_policy  # noqa: E402
-from webhook.policy import dra_inventory, inventory  # noqa: E402
+from webhook.policy import device_selectors, dra_inventory, inventory  # noqa: E402
 from webhook.policy.engine import Context, evaluate  # noqa: E402
 from webhook.policy.node_index import NodeIndex, bulk_load  # noqa: E402
 
@@ -284,7 +284,7 @@ def dra_lookup(index: dra_inventory.DraIndex) -> Callable[[], Any]:
     """One review's DRA questions, once asked (so tracked from then on, as in the server)."""
     policy = load_policy()
     t4 = next(axis.values["t4"] for axis in policy.axes if "t4" in axis.values)
-    query = dra_inventory.DeviceQuery.of([NVIDIA_CLASS, *dict(t4.device_selectors).values()])
+    query = device_selectors.DeviceQuery.of([NVIDIA_CLASS, *dict(t4.device_selectors).values()])
     assert query is not None
 
     def lookup() -> Any:
@@ -356,7 +356,7 @@ def dra_main(args: argparse.Namespace) -> int:
         per_event = dra_updates(index, size, args.updates)
         summary, products = lookup()
         print(f"{size:>8,} | {devices:>8,} | {per_review:>9.1f} | {per_event:>8.1f} | {held / devices:>12,.0f} | "
-              f"{seconds:>8.2f} | t4 x4: {summary.nodes:,} nodes; products: "
+              f"{seconds:>8.2f} | t4 x4: {f'{summary.nodes:,} nodes' if summary else 'undecided'}; products: "
               + ", ".join(f"{p.value} on {p.nodes:,}" for p in products), flush=True)
         del index
     if args.claims:

@@ -15,9 +15,9 @@ Two halves, as for the nodes (`webhook.policy.node_index`):
 
 What a view answers without walking the slices:
 
-- `nodes_with(query, count)`: the nodes with at least `count` devices matching a `DeviceQuery` (the selector forms
-  the webhook generates: `device.driver == "..."`, `device.attributes["<domain>"].<name> == "..."` and
-  `....<name>.lowerAscii().contains("...")`, ANDed; `DeviceQuery.of` reads them, `None` for any other CEL);
+- `nodes_with(query, count)`: the nodes with at least `count` devices matching a `DeviceQuery` (CEL selectors,
+  ANDed, evaluated as the scheduler does: `webhook.policy.device_selectors`), or None when a selector fails on a
+  device (no decision);
 - `values(driver, attribute)`: the values an attribute takes (the product names, say), with how many nodes and
   devices have each;
 - `claim(namespace, name)`, `device_class(name)`.
@@ -39,30 +39,16 @@ from typing import Any, Literal
 import immutables
 
 from webhook.policy import claims
+from webhook.policy.device_selectors import Device, DeviceQuery
 
 MAX_TRACKED = 256
 SHOWN = 3  # node names kept in an answer
 ALL_DEVICES: None = None  # a request's count under `allocationMode: All`
-Op = Literal["==", "contains"]
 Kind = Literal["resourceslices", "deviceclasses", "resourceclaims"]
 KINDS: tuple[Kind, ...] = ("resourceslices", "deviceclasses", "resourceclaims")
 
 
 # --------------------------------------------------------------------------------------------- records
-
-
-@dataclass(frozen=True, slots=True)
-class Device:
-    """One device of a ResourceSlice: its attributes as (qualified name, type, value as text), in name order, and
-    its capacities as (qualified name, quantity text). An unqualified name is in the driver's domain."""
-
-    name: str
-    attributes: tuple[tuple[str, str, str], ...] = ()
-    capacity: tuple[tuple[str, str], ...] = ()
-
-    def attribute(self, name: str) -> tuple[str, str] | None:
-        """(type, value) of an attribute, or None."""
-        return next(((kind, value) for key, kind, value in self.attributes if key == name), None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -235,77 +221,6 @@ def key_of(record: Slice | DeviceClass | ResourceClaim) -> tuple[str, str]:
 # --------------------------------------------------------------------------------------------- questions
 
 
-@dataclass(frozen=True, slots=True, order=True)
-class Condition:
-    """One term of a selector: `attribute` "" is the driver; `contains` is `lowerAscii().contains(value)`."""
-
-    attribute: str
-    op: Op
-    value: str
-
-    def holds(self, driver: str, device: Device) -> bool:
-        if not self.attribute:
-            return driver == self.value
-        found = device.attribute(self.attribute)
-        if found is None or found[0] != "string":  # CEL: a missing attribute or another type is no match
-            return False
-        return found[1] == self.value if self.op == "==" else self.value in found[1].lower()
-
-
-_Q = r"""(["'])([^"'\\]*)\{n}"""
-_TERMS = (
-    re.compile(r"device\.driver\s*==\s*" + _Q.format(n=1)),
-    re.compile(r"""device\.attributes\[(["'])([^"'\\]+)\1\]\.([A-Za-z_][A-Za-z0-9_]*)\s*==\s*""" + _Q.format(n=4)),
-    re.compile(r"""device\.attributes\[(["'])([^"'\\]+)\1\]\.([A-Za-z_][A-Za-z0-9_]*)\.lowerAscii\(\)\.contains\("""
-               + _Q.format(n=4) + r"\)"),
-)
-
-
-def _condition(term: str) -> Condition | None:
-    term = term.strip()
-    while term.startswith("(") and term.endswith(")"):
-        term = term[1:-1].strip()
-    for number, pattern in enumerate(_TERMS):
-        match = pattern.fullmatch(term)
-        if match is None:
-            continue
-        if number == 0:
-            return Condition("", "==", match.group(2))
-        attribute = f"{match.group(2)}/{match.group(3)}"
-        return Condition(attribute, "==", match.group(5)) if number == 1 else \
-            Condition(attribute, "contains", match.group(5))
-    return None
-
-
-@dataclass(frozen=True, slots=True)
-class DeviceQuery:
-    """The devices that satisfy every condition (selectors ANDed), keyed by value."""
-
-    conditions: tuple[Condition, ...]
-
-    @classmethod
-    def of(cls, expressions: Iterable[str]) -> DeviceQuery | None:
-        """The query of CEL selectors in the generated forms, ANDed; None when any term is another form."""
-        found: set[Condition] = set()
-        for expression in expressions:
-            for term in expression.split("&&"):
-                condition = _condition(term)
-                if condition is None:
-                    return None
-                found.add(condition)
-        return cls(tuple(sorted(found)))
-
-    @property
-    def drivers(self) -> frozenset[str]:
-        return frozenset(c.value for c in self.conditions if not c.attribute)
-
-    def matches(self, driver: str, device: Device) -> bool:
-        return all(c.holds(driver, device) for c in self.conditions)
-
-    def count(self, slices: Iterable[Slice]) -> int:
-        return sum(self.matches(s.driver, d) for s in slices for d in s.devices)
-
-
 @dataclass(frozen=True, slots=True)
 class DeviceSummary:
     """An answer of `nodes_with`: matching devices in all, nodes with at least the count asked, a few of them, the
@@ -331,18 +246,22 @@ NodeSlices = immutables.Map[str, Slice]  # one node's slices by name
 
 
 class _Matching:
-    """Per node, how many devices match a query, and per count the nodes that have it."""
+    """Per node, how many devices match a query, and per count the nodes that have it; and the devices on which the
+    query is undecided (a selector fails on them), per node."""
 
     def __init__(self, query: DeviceQuery, at: Iterable[tuple[str, NodeSlices]]) -> None:
         self.query = query
         self.per_node: immutables.Map[str, int] = _Empty
         self.by_count: immutables.Map[int, immutables.Map[str, bool]] = _Empty
+        self.undecided: immutables.Map[str, int] = _Empty
         self.devices = 0
         for node, slices in at:
             self.update(node, slices.values())
 
     def update(self, node: str, slices: Iterable[Slice]) -> None:
-        new = self.query.count(slices)
+        new, undecided = self.query.count((s.driver, d) for s in slices for d in s.devices)
+        if undecided != self.undecided.get(node, 0):
+            self.undecided = self.undecided.set(node, undecided) if undecided else self.undecided.delete(node)
         old = self.per_node.get(node, 0)
         if new == old:
             return
@@ -358,10 +277,13 @@ class _Matching:
     def frozen(self) -> _Matching:
         """A copy for a view: the maps are persistent, so this costs a few references."""
         copy = _Matching(self.query, ())
-        copy.per_node, copy.by_count, copy.devices = self.per_node, self.by_count, self.devices
+        copy.per_node, copy.by_count, copy.undecided, copy.devices = (
+            self.per_node, self.by_count, self.undecided, self.devices)
         return copy
 
-    def summary(self, count: int) -> DeviceSummary:
+    def summary(self, count: int) -> DeviceSummary | None:
+        if self.undecided:
+            return None
         nodes, shown = 0, list[str]()
         for have, members in self.by_count.items():  # as many entries as distinct counts, not nodes
             if have >= max(count, 1):
@@ -433,9 +355,10 @@ class DraView:
     def _all_at(self) -> Iterator[tuple[str, NodeSlices]]:
         return iter(self._at.items())
 
-    def nodes_with(self, query: DeviceQuery, count: int = 1) -> DeviceSummary:
+    def nodes_with(self, query: DeviceQuery, count: int = 1) -> DeviceSummary | None:
         """The nodes with at least `count` devices matching `query` (node "" stands for the slices that are not
-        node-local)."""
+        node-local); None when a selector fails on a device (the scheduler fails such a claim's allocation, and the
+        webhook makes no decision)."""
         found = self._matching.get(query)
         if found is None:
             found = self._matching[query] = _Matching(query, self._all_at())  # once per view, then tracked
