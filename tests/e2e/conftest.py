@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 from cluster import BUILD_SCRIPT, Cluster, ClusterError, running_cluster
-from realnode import RealNode, build_node_binaries
+from realnode import RealNode, build_containerd_binaries, build_node_binaries
 
 _counter = itertools.count()
 _CLUSTER: list[Cluster] = []
@@ -53,17 +53,21 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
 
 
 @pytest.fixture(scope="module")
-def real_node(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealNode]:
+def real_node(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory,
+              request: pytest.FixtureRequest) -> Iterator[RealNode]:
     """OPT-IN: a real kubelet on containerd (tests/e2e/realnode.py) beside the kwok nodes, for one test module.
 
     Only the real-node tests ask for it. It fails (never skips) when the machine cannot run it: not root, a missing
     package, or another real node running (one at a time per machine). While it runs the kwok T4 nodes are cordoned,
     so that the seed's Pod, which the packaged rules send to an inference T4 node, lands on the real node.
+    A module that sets `REAL_NODE_CDI = True` gets containerd 2.x with CDI (build_containerd.sh) instead of Debian's.
     """
     node = RealNode(cluster=cluster, bindir=Path(), workdir=tmp_path_factory.mktemp("realnode"))
     t4 = ("gpu-t4-0", "gpu-t4-1")
     try:
         node.bindir = build_node_binaries()
+        if getattr(request.module, "REAL_NODE_CDI", False):
+            node.containerd_bindir = build_containerd_binaries()
         node.start()
         for name in t4:
             cluster.kubectl("cordon", name)

@@ -51,6 +51,7 @@ from controlplane import ControlPlane
 from procs import HERE, LOOPBACK, ClusterError, Json, Proc, free_port, spawn, tail, wait_until
 
 BUILD_NODE_SCRIPT = HERE / "build_node.sh"
+BUILD_CONTAINERD_SCRIPT = HERE / "build_containerd.sh"
 LOCK_FILE = Path("/run/gpu-webhook-e2e-real-node.lock")
 NODE_NAME = "real-gpu-0"
 BRIDGE = "gpuwh0"
@@ -78,6 +79,16 @@ def build_node_binaries() -> Path:
         done = subprocess.run(["bash", str(BUILD_NODE_SCRIPT)], check=True, capture_output=True, text=True)
     except subprocess.CalledProcessError as exc:
         raise RealNodeUnavailable(f"{BUILD_NODE_SCRIPT} failed with exit {exc.returncode}:\n"
+                                  f"{tail(exc.stderr)}") from exc
+    return Path(done.stdout.strip().splitlines()[-1])
+
+
+def build_containerd_binaries() -> Path:
+    """Run build_containerd.sh (containerd 2.x, for CDI; seconds when warm) and return its bin directory."""
+    try:
+        done = subprocess.run(["bash", str(BUILD_CONTAINERD_SCRIPT)], check=True, capture_output=True, text=True)
+    except subprocess.CalledProcessError as exc:
+        raise RealNodeUnavailable(f"{BUILD_CONTAINERD_SCRIPT} failed with exit {exc.returncode}:\n"
                                   f"{tail(exc.stderr)}") from exc
     return Path(done.stdout.strip().splitlines()[-1])
 
@@ -197,6 +208,8 @@ class RealNode:
     cluster: ControlPlane
     bindir: Path
     workdir: Path
+    # containerd 2.x (build_containerd.sh) instead of Debian's 1.6: CDI on, reading `cdi_dir` (the DRA test).
+    containerd_bindir: Path | None = None
     procs: dict[str, Proc] = field(default_factory=dict)
     kubelet_port: int = 0
     _lock: Any = None
@@ -221,13 +234,20 @@ class RealNode:
         return DEVICE_PLUGIN_DIR
 
     @property
+    def cdi_dir(self) -> Path:
+        """Where DRA kubelet plugins write the CDI specs of the claims they prepare (the stand-in DRA plugin of
+        test_25_dra_real_node.py), one of the CDI spec directories containerd reads."""
+        return self.workdir / "cdi"
+
+    @property
     def unhealthy_file(self) -> Path:
         """Device ids written here are reported Unhealthy by the stand-in device plugin."""
         return self.workdir / "unhealthy-devices"
 
     def ctr(self, *args: str, check: bool = True, timeout: float = 120) -> subprocess.CompletedProcess[str]:
         """`ctr` on this node's containerd, namespace k8s.io."""
-        return _run("ctr", "--address", str(self.containerd_socket), "--namespace", "k8s.io", *args, check=check,
+        ctr = str(self.containerd_bindir / "ctr") if self.containerd_bindir else "ctr"
+        return _run(ctr, "--address", str(self.containerd_socket), "--namespace", "k8s.io", *args, check=check,
                     timeout=timeout)
 
     def logs(self) -> str:
@@ -296,6 +316,7 @@ class RealNode:
         base.mkdir(parents=True, exist_ok=True)
         cri = 'plugins."io.containerd.grpc.v1.cri"'
         runtimes = f"{cri}.containerd.runtimes"
+        cdi_lines = self._cdi_config()
         config = f"""version = 2
 root = "{base / 'root'}"
 state = "{base / 'state'}"
@@ -312,7 +333,7 @@ state = "{base / 'state'}"
   restrict_oom_score_adj = true
   stream_server_address = "{LOOPBACK}"
   stream_server_port = "0"
-[{cri}.cni]
+{cdi_lines}[{cri}.cni]
   bin_dir = "{CNI_BIN}"
   conf_dir = "{self.workdir / 'cni' / 'net.d'}"
 [{cri}.containerd]
@@ -335,7 +356,11 @@ state = "{base / 'state'}"
         env |= {"HTTPS_PROXY": f"http://{LOOPBACK}:9", "HTTP_PROXY": f"http://{LOOPBACK}:9", "NO_PROXY": ""}
         # Read by nvidia-container-runtime (containerd -> shim -> runtime inherit it): its config in the work dir.
         env["NVIDIA_CTK_CONFIG_FILE_PATH"] = str(self.workdir / "nvidia" / "config.toml")
-        self.procs["containerd"] = spawn("containerd", ["containerd", "--config", str(base / "config.toml")],
+        containerd = "containerd"
+        if self.containerd_bindir is not None:  # its shim (containerd-shim-runc-v2) is looked up on PATH
+            containerd = str(self.containerd_bindir / "containerd")
+            env["PATH"] = f"{self.containerd_bindir}:{env.get('PATH', '')}"
+        self.procs["containerd"] = spawn("containerd", [containerd, "--config", str(base / "config.toml")],
                                          self.logdir, env=env)
 
         def up() -> bool:
@@ -344,6 +369,13 @@ state = "{base / 'state'}"
             return self.ctr("version", check=False).returncode == 0
 
         wait_until(up, 30, "containerd to answer on its socket", interval=0.3)
+
+    def _cdi_config(self) -> str:
+        """The CRI plugin's CDI lines: containerd 2.x reads `cdi_dir`; Debian's 1.6 has no CDI (no lines)."""
+        if self.containerd_bindir is None:
+            return ""
+        self.cdi_dir.mkdir(parents=True, exist_ok=True)
+        return f'  enable_cdi = true\n  cdi_spec_dirs = ["{self.cdi_dir}"]\n'
 
     def _write_nvidia_runtime_config(self) -> None:
         nvidia = self.workdir / "nvidia"
@@ -386,7 +418,9 @@ path = "{self.bindir / 'nvidia-ctk'}"
             labels={"gpu-webhook.io/stand-in": "STAND-IN tagged as nvidia/cuda:12.4.1-base-ubuntu22.04: Debian "
                                                 "busybox only; nvidia-smi comes from the stand-in CDI spec"})
         for archive in ("pause.tar", "cuda-standin.tar"):
-            self.ctr("images", "import", "--all-platforms", str(images / archive))
+            # containerd 2.x's ctr imports through the transfer service, which refuses to unpack without --local.
+            local = ["--local"] if self.containerd_bindir is not None else []
+            self.ctr("images", "import", *local, "--all-platforms", str(images / archive))
 
     def _start_kubelet(self) -> None:
         kubelet_dir = self.workdir / "kubelet"

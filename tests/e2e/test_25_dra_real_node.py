@@ -1,0 +1,245 @@
+"""Scenario 25: DRA on the real node (tests/e2e/realnode.py): a claim template the webhook placed by class is
+allocated by the real scheduler from a ResourceSlice a real DRA kubelet plugin published, prepared by that plugin
+through the real kubelet, and the Pod runs.
+
+The plugin is `gpu-dra-plugin-standin` (tests/e2e/dra, built by tests/e2e/build_dra_plugin.sh), a STAND-IN for
+NVIDIA's DRA driver: it is built on k8s.io/dynamic-resource-allocation (kubeletplugin, resourceslice) at the
+suite's release and publishes devices under driver `gpu.nvidia.com` shaped like NVIDIA's full GPUs (type, uuid,
+productName, architecture, versions, memory), but it needs no GPU: the devices are made up and preparing a claim
+writes a CDI spec that only sets environment variables naming the device. What NVIDIA's driver adds on a real GPU
+(device nodes, MIG, sharing config) is in docs/dra.md.
+
+The real node runs containerd 2.x here (tests/e2e/build_containerd.sh, CDI on, reading the node's CDI directory):
+Debian's containerd 1.6, which the other real-node tests use, has no CDI and drops the devices the kubelet passes.
+Needs root, like every real-node test; one real node per machine at a time.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from cluster import HERE, Cluster, Proc, spawn, wait_until, yaml_of
+from realnode import CUDA_IMAGE, GPU_UUIDS, NODE_NAME, RealNode
+
+pytestmark = pytest.mark.e2e
+# The real node runs containerd 2.x (build_containerd.sh): Debian's 1.6 has no CDI and would drop the plugin's devices.
+REAL_NODE_CDI = True
+
+DRIVER = "gpu.nvidia.com"  # NVIDIA's driver name, which the stand-in publishes under
+DEVICE_CLASS = "gpu.nvidia.com"  # NVIDIA's chart's class, with its selector
+CLASS_SELECTOR = f'device.driver == "{DRIVER}" && device.attributes["{DRIVER}"].type == "gpu"'
+T4 = 'device.attributes["gpu.nvidia.com"].productName.lowerAscii().contains("t4")'
+A100 = 'device.attributes["gpu.nvidia.com"].productName.lowerAscii().contains("a100")'
+# Two T4s (the real node's class, and the packaged rules' default), as NVML would name them.
+GPUS = [{"name": f"gpu-{i}", "productName": "Tesla T4", "architecture": "Turing", "brand": "Nvidia",
+         "uuid": GPU_UUIDS[i], "memory": "15360Mi", "cudaComputeCapability": "7.5.0"} for i in range(2)]
+
+
+def _plugin_binary() -> Path:
+    done = subprocess.run(["bash", str(HERE / "build_dra_plugin.sh")], capture_output=True, text=True, check=False,
+                          timeout=1800)
+    assert done.returncode == 0, f"build_dra_plugin.sh failed (the stand-in DRA plugin):\n{done.stdout}{done.stderr}"
+    return Path(done.stdout.strip().splitlines()[-1]) / "gpu-dra-plugin-standin"
+
+
+def _slices(cluster: Cluster) -> list[dict[str, Any]]:
+    items = json.loads(cluster.kubectl("get", "resourceslices", "-o", "json").stdout)["items"]
+    return [s for s in items if s["spec"].get("driver") == DRIVER and s["spec"].get("nodeName") == NODE_NAME]
+
+
+class Plugin:
+    """The stand-in DRA plugin on the real node: started, stopped and restarted by the tests."""
+
+    def __init__(self, binary: Path, cluster: Cluster, node: RealNode) -> None:
+        self.binary, self.cluster, self.node = binary, cluster, node
+        self.proc: Proc | None = None
+        kubelet = node.workdir / "kubelet"  # the kubelet's --root-dir: plugins_registry and plugins are under it
+        self.registrar_dir = kubelet / "plugins_registry"
+        self.data_dir = kubelet / "plugins" / DRIVER
+        self.cdi_dir = node.cdi_dir
+
+    def start(self) -> None:
+        self.proc = spawn("gpu-dra-plugin-standin", [
+            str(self.binary), f"--kubeconfig={self.cluster.kubeconfig}", f"--node-name={NODE_NAME}",
+            f"--registrar-dir={self.registrar_dir}", f"--plugin-data-dir={self.data_dir}",
+            f"--cdi-dir={self.cdi_dir}", f"--devices={json.dumps(GPUS)}", "--v=3",
+        ], self.node.logdir)
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.proc.stop()
+            self.proc = None
+
+    def log(self) -> str:
+        return self.proc.log.read_text() if self.proc is not None else ""
+
+    def specs(self) -> dict[str, str]:
+        """The CDI specs the plugin has written (prepared claims), by file name."""
+        return {p.name: p.read_text() for p in sorted(self.cdi_dir.glob("*.json"))}
+
+
+@pytest.fixture(scope="module")
+def dra_plugin(cluster: Cluster, real_node: RealNode) -> Iterator[Plugin]:
+    """The stand-in plugin running, NVIDIA's DeviceClass created, and the plugin's ResourceSlice published."""
+    plugin = Plugin(_plugin_binary(), cluster, real_node)
+    device_class = {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": DEVICE_CLASS},
+                    "spec": {"selectors": [{"cel": {"expression": CLASS_SELECTOR}}]}}
+    cluster.kubectl("apply", "-f", "-", input=yaml_of(device_class))
+    plugin.start()
+    try:
+        def published() -> list[dict[str, Any]]:
+            assert plugin.proc is not None and plugin.proc.alive(), f"the stand-in exited:\n{plugin.log()}"
+            return _slices(cluster)
+
+        wait_until(published, 90, f"the stand-in DRA plugin's ResourceSlice for {NODE_NAME}", interval=1)
+        yield plugin
+    finally:
+        plugin.stop()
+        cluster.kubectl("delete", "deviceclass", DEVICE_CLASS, "--ignore-not-found", check=False)
+
+
+def _template(name: str, labels: dict[str, str] | None = None) -> dict[str, Any]:
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+            "metadata": {"name": name, "labels": dict(labels or {})},
+            "spec": {"spec": {"devices": {"requests": [
+                {"name": "gpu", "exactly": {"deviceClassName": DEVICE_CLASS}}]}}}}
+
+
+def _pod(name: str, template: str) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": {
+        "restartPolicy": "Never", "terminationGracePeriodSeconds": 1,
+        "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": template}],
+        "containers": [{"name": "cuda", "image": CUDA_IMAGE, "imagePullPolicy": "IfNotPresent",
+                        "command": ["sh", "-c", "env | sort; exec sleep 3600"],
+                        "resources": {"claims": [{"name": "gpu"}]}}]}}
+
+
+def _create(cluster: Cluster, namespace: str, obj: dict[str, Any]) -> tuple[dict[str, Any], str]:
+    """Create `obj`; (the stored object, kubectl's stderr: the admission warnings)."""
+    done = cluster.kubectl("create", "-n", namespace, "-o", "json", "-f", "-", input=yaml_of(obj))
+    return dict(json.loads(done.stdout)), done.stderr
+
+
+def _selectors(template: dict[str, Any]) -> list[str]:
+    exactly = template["spec"]["spec"]["devices"]["requests"][0]["exactly"]
+    return [s["cel"]["expression"] for s in exactly.get("selectors", [])]
+
+
+def _get(cluster: Cluster, namespace: str, kind: str, name: str) -> dict[str, Any] | None:
+    done = cluster.kubectl("get", kind, name, "-n", namespace, "-o", "json", check=False)
+    return dict(json.loads(done.stdout)) if done.returncode == 0 else None
+
+
+def _claim_of(cluster: Cluster, namespace: str, pod: str) -> dict[str, Any]:
+    """The ResourceClaim the controller made from the Pod's template."""
+    def made() -> dict[str, Any] | None:
+        statuses = (_get(cluster, namespace, "pod", pod) or {}).get("status", {}).get("resourceClaimStatuses", [])
+        name = next((s.get("resourceClaimName") for s in statuses if s.get("name") == "gpu"), None)
+        return _get(cluster, namespace, "resourceclaim", name) if name else None
+    return dict(wait_until(made, 60, f"the ResourceClaim of {namespace}/{pod}", interval=0.5))
+
+
+def _running(cluster: Cluster, namespace: str, pod: str, plugin: Plugin, node: RealNode) -> dict[str, Any]:
+    def up() -> dict[str, Any] | None:
+        got = _get(cluster, namespace, "pod", pod) or {}
+        phase = got.get("status", {}).get("phase")
+        assert phase not in ("Failed", "Succeeded"), json.dumps(got.get("status"), indent=1)
+        return got if phase == "Running" else None
+    try:
+        return dict(wait_until(up, 120, f"{namespace}/{pod} to run", interval=0.5))
+    except (TimeoutError, AssertionError) as exc:
+        events = cluster.kubectl("get", "events", "-n", namespace, check=False).stdout
+        raise AssertionError(f"{exc}\nevents:\n{events}\nplugin log:\n{plugin.log()[-4000:]}\n"
+                             f"{node.logs()[-6000:]}") from exc
+
+
+def _allocated(claim: dict[str, Any]) -> list[tuple[str, str, str]]:
+    results = claim.get("status", {}).get("allocation", {}).get("devices", {}).get("results", [])
+    return [(r["driver"], r["pool"], r["device"]) for r in results]
+
+
+def test_the_plugin_publishes_nvidia_shaped_devices(cluster: Cluster, dra_plugin: Plugin) -> None:
+    """The stand-in registered with the kubelet (its socket in plugins_registry) and published one slice of its node
+    with NVIDIA's full-GPU attributes and memory capacity."""
+    assert any(dra_plugin.registrar_dir.glob(f"{DRIVER}*.sock")), sorted(dra_plugin.registrar_dir.iterdir())
+    (published,) = _slices(cluster)
+    assert published["spec"]["pool"]["name"] == NODE_NAME
+    devices = {d["name"]: d for d in published["spec"]["devices"]}
+    assert sorted(devices) == ["gpu-0", "gpu-1"]
+    gpu0 = devices["gpu-0"]
+    assert gpu0["attributes"] == {
+        "type": {"string": "gpu"}, "uuid": {"string": GPU_UUIDS[0]}, "productName": {"string": "Tesla T4"},
+        "brand": {"string": "Nvidia"}, "architecture": {"string": "Turing"},
+        "driverVersion": {"version": "580.159.4"}, "cudaDriverVersion": {"version": "13.0.0"},
+        "cudaComputeCapability": {"version": "7.5.0"}}
+    assert gpu0["capacity"] == {"memory": {"value": "15Gi"}}
+
+
+def test_a_template_placed_by_class_runs_on_the_allocated_device(cluster: Cluster, namespace: str,
+                                                                real_node: RealNode, dra_plugin: Plugin) -> None:
+    """The webhook gives the template the default class's (t4) selector; the scheduler allocates a stand-in T4, the
+    plugin prepares the claim (its CDI spec names the device), the Pod runs with the device in its environment;
+    deleting the Pod unprepares the claim and frees the device."""
+    template, _ = _create(cluster, namespace, _template("one-gpu"))
+    assert _selectors(template) == [T4]
+    _create(cluster, namespace, _pod("dra-t4", "one-gpu"))
+    pod = _running(cluster, namespace, "dra-t4", dra_plugin, real_node)
+    assert pod["spec"]["nodeName"] == NODE_NAME
+    claim = _claim_of(cluster, namespace, "dra-t4")
+    ((driver, pool, device),) = _allocated(claim)
+    assert (driver, pool) == (DRIVER, NODE_NAME) and device in ("gpu-0", "gpu-1"), _allocated(claim)
+    assert [r["name"] for r in claim["status"]["reservedFor"]] == ["dra-t4"]
+    uuid = GPU_UUIDS[int(device[-1])]
+    variable = f"DRA_STANDIN_{device.upper().replace('-', '_')}_UUID={uuid}"
+
+    # Prepared by the plugin, through the kubelet: the CDI spec of this claim, and the plugin's log line.
+    spec_name = f"{DRIVER}-standin-{claim['metadata']['uid']}.json"
+    specs = dra_plugin.specs()
+    assert spec_name in specs, f"no CDI spec for the claim in {dra_plugin.cdi_dir}: {sorted(specs)}"
+    spec = json.loads(specs[spec_name])
+    assert spec["kind"] == "k8s.gpu.nvidia.com/claim"
+    assert [d["name"] for d in spec["devices"]] == [f"{claim['metadata']['uid']}-{device}"]
+    assert variable in spec["devices"][0]["containerEdits"]["env"]
+    assert f"uid=\"{claim['metadata']['uid']}\"" in dra_plugin.log()
+
+    # The container runtime applied the CDI spec: the container's environment names the allocated device.
+    log = str(wait_until(lambda: cluster.kubectl("logs", "dra-t4", "-n", namespace).stdout, 30, "the Pod's log"))
+    print(f"container log of {namespace}/dra-t4:\n{log}")
+    assert variable in log.splitlines(), f"{variable} is not in the container's environment:\n{log}"
+    assert f"DRA_STANDIN_{device.upper().replace('-', '_')}_CLAIM={namespace}/{claim['metadata']['name']}/gpu" in log
+
+    cluster.kubectl("delete", "pod", "dra-t4", "-n", namespace, "--wait=true", timeout=120)
+    wait_until(lambda: spec_name not in dra_plugin.specs(), 60, "the plugin to unprepare the claim (CDI spec gone)")
+    wait_until(lambda: _get(cluster, namespace, "resourceclaim", claim["metadata"]["name"]) is None, 60,
+               "the Pod's claim to be deleted with it")
+
+
+def test_a_class_selector_no_device_matches_stays_pending(cluster: Cluster, namespace: str,
+                                                          dra_plugin: Plugin) -> None:
+    """A template labelled gpu-type a100 gets the a100 selector; no stand-in device is an A100, so the scheduler
+    cannot allocate the claim and the Pod stays Pending. The webhook gives no warning for it today (no rule reads the
+    devices yet: docs/dra.md); the scheduler's condition says why."""
+    template, template_warnings = _create(cluster, namespace, _template("a100", {"gpu-webhook.io/gpu-type": "a100"}))
+    assert _selectors(template) == [A100]
+    _, pod_warnings = _create(cluster, namespace, _pod("dra-a100", "a100"))
+    print(f"admission warnings: template {template_warnings!r}, pod {pod_warnings!r}")
+    assert "Warning" not in template_warnings + pod_warnings
+
+    def unschedulable() -> str | None:
+        pod = _get(cluster, namespace, "pod", "dra-a100") or {}
+        for c in pod.get("status", {}).get("conditions", []):
+            if c["type"] == "PodScheduled" and c["status"] == "False" and c.get("reason") == "Unschedulable":
+                return str(c.get("message", ""))
+        return None
+
+    message = str(wait_until(unschedulable, 60, "the scheduler to mark the Pod Unschedulable", interval=1))
+    print(f"PodScheduled=False Unschedulable: {message}")
+    assert "cannot allocate all claims" in message, message
+    pod = _get(cluster, namespace, "pod", "dra-a100") or {}
+    assert pod["status"]["phase"] == "Pending" and not pod["spec"].get("nodeName")
+    assert _allocated(_claim_of(cluster, namespace, "dra-a100")) == []
