@@ -120,7 +120,7 @@ def test_cli_test_without_cases_is_a_usage_error(tmp_path: Path) -> None:
 def test_every_rule_is_covered_somewhere() -> None:
     """A rule id added to RULES must be placed: an object-only check with cases, or an inventory check."""
     inventory_rules = {"gpu-never-schedulable", "gpu-class-no-node", "gpu-runtime-class-missing",
-                       "gpu-inventory-unavailable"}
+                       "gpu-inventory-unavailable", "dra-unsatisfiable"}
     assert set(RULES) == ENGINE_RULES | inventory_rules
 
 

@@ -380,7 +380,7 @@ def test_cluster_awareness_in_cluster_with_the_charts_rbac(cluster: Cluster, ins
                 except OSError:
                     continue  # not listening yet
                 reason = str(ready.get("checks", {}).get("inventory", {}).get("reason", ""))  # type: ignore[attr-defined]
-                if ready.get("status") == "not ready" and reason:
+                if ready.get("status") == "not ready" and reason.startswith("the API server refused"):
                     return pod["metadata"]["name"], reason
             return None
 

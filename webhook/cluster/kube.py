@@ -434,7 +434,7 @@ class ClusterInventory:
             if cache.index is not None:
                 cache.index = fresh_index
             elif cache.dra is not None:
-                cache.dra.replace(cache.source.name, parsed)
+                cache.dra.replace(cache.source.name, parsed, absent=absent is not None)  # type: ignore[arg-type]
             elif fresh != cache.items or not cache.listed:
                 self._version += 1
             cache.items = fresh
@@ -563,12 +563,14 @@ def read_snapshot(api: k8s.ApiClient) -> Snapshot:
     """Nodes, runtime classes, namespaces, claim templates and the DRA objects, listed once (for `audit` and
     `doctor`), each page parsed as it arrives; the nodes and the DRA objects indexed as the server's are."""
     lists: dict[str, list[Any]] = {}
+    served: set[str] = set()
     try:
         for source in sources(api):
             lists[source.name] = []
             for api_version, call in source.versions:
                 try:
                     lists[source.name] = list_all(call, source.kind, api_version, parse=source.parse)[0]
+                    served.add(source.name)
                     break
                 except ApiException as err:
                     if not (source.optional and err.status in (403, 404)):
@@ -577,7 +579,7 @@ def read_snapshot(api: k8s.ApiClient) -> Snapshot:
         raise describe_error(err, _host(api)) from None
     dra = DraIndex()
     for kind in dra_inventory.KINDS:
-        dra.replace(kind, lists[kind])
+        dra.replace(kind, lists[kind], absent=kind not in served)
     return inventory.snapshot_of(lists["nodes"], lists["runtimeclasses"], lists["namespaces"],
                                  lists["resourceclaimtemplates"], dra=dra.view())
 

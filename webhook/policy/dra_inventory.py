@@ -338,14 +338,21 @@ class DraView:
                  claims: immutables.Map[tuple[str, str], ResourceClaim] = _Empty,
                  matching: Mapping[DeviceQuery, _Matching] | None = None,
                  values: Mapping[tuple[str, str], _Values] | None = None,
-                 requests: deque[DeviceQuery | tuple[str, str]] | None = None, counts: Mapping[Kind, int] | None = None
-                 ) -> None:
+                 requests: deque[DeviceQuery | tuple[str, str]] | None = None, counts: Mapping[Kind, int] | None = None,
+                 listed: frozenset[Kind] = frozenset()) -> None:
         self._at, self._classes, self._claims = at, classes, claims
+        self.listed = listed  # the kinds listed from a server that serves them to us (not absent, not forbidden)
         self._matching: dict[DeviceQuery, _Matching] = dict(matching or {})
         self._values: dict[tuple[str, str], _Values] = dict(values or {})
         self._answers: dict[tuple[str, str], tuple[ValueCount, ...]] = {}
         self._requests = requests
         self.counts: Mapping[Kind, int] = counts or dict.fromkeys(KINDS, 0)
+
+    @property
+    def devices_known(self) -> bool:
+        """Whether the ResourceSlices and DeviceClasses were listed: only then does an empty answer mean "no such
+        device" rather than "not known" (a cluster without DRA, or an identity that may not read them)."""
+        return {"resourceslices", "deviceclasses"} <= self.listed
 
     def slices(self) -> Iterator[Slice]:
         """Every slice (for the tools; a review asks `nodes_with` or `values` instead)."""
@@ -395,11 +402,13 @@ class DraView:
 
 def view_from_api(slices: Iterable[Mapping[str, Any]] = (), classes: Iterable[Mapping[str, Any]] = (),
                   resource_claims: Iterable[Mapping[str, Any]] = ()) -> DraView:
-    """A view of DRA objects given at once (a dump for `check --nodes` and the rule cases), parsed as the server's."""
+    """A view of DRA objects given at once (a dump for `check --nodes` and the rule cases), parsed as the server's.
+    A kind counts as listed when at least one object of it is given."""
     index = DraIndex()
-    index.replace("resourceslices", map(slice_from_api, slices))
-    index.replace("deviceclasses", map(device_class_from_api, classes))
-    index.replace("resourceclaims", map(resource_claim_from_api, resource_claims))
+    for kind, parse, given in (("resourceslices", slice_from_api, list(slices)),
+                               ("deviceclasses", device_class_from_api, list(classes)),
+                               ("resourceclaims", resource_claim_from_api, list(resource_claims))):
+        index.replace(kind, map(parse, given), absent=not given)  # type: ignore[arg-type]
     return index.view()
 
 
@@ -415,6 +424,7 @@ class DraIndex:
         self._values: dict[tuple[str, str], _Values] = {}
         self._requests: deque[DeviceQuery | tuple[str, str]] = deque()
         self._view: DraView | None = None
+        self._listed: set[Kind] = set()
 
     def count(self, kind: str) -> int:
         return {"resourceslices": len(self._where), "deviceclasses": len(self._classes),
@@ -441,8 +451,13 @@ class DraIndex:
             self._claims = self._claims.delete(key)
         self._view = None
 
-    def replace(self, kind: str, records: Iterable[Slice | DeviceClass | ResourceClaim]) -> None:
-        """A relist: every object of one kind at once."""
+    def replace(self, kind: Kind, records: Iterable[Slice | DeviceClass | ResourceClaim], absent: bool = False) -> None:
+        """A relist: every object of one kind at once; `absent` when the server does not serve the kind to us (then
+        the kind is not `listed`, and its emptiness means nothing)."""
+        if absent:
+            self._listed.discard(kind)
+        else:
+            self._listed.add(kind)
         if kind == "resourceslices":
             for name in list(self._where):
                 self._remove_slice(name)
@@ -484,6 +499,6 @@ class DraIndex:
                 self._at, self._classes, self._claims,
                 {q: m.frozen() for q, m in self._matching.items()},
                 {k: v.frozen() for k, v in self._values.items()}, self._requests,
-                {k: self.count(k) for k in KINDS})
+                {k: self.count(k) for k in KINDS}, frozenset(self._listed))
         return self._view
 

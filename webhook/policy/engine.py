@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any, Literal, NamedTuple
 
-from webhook.policy import checks, claims, inventory, pods, selection
+from webhook.policy import checks, claims, dra_fit, inventory, pods, selection
 from webhook.policy.dra_rules import NamespaceDRA
 from webhook.policy.findings import Edit, Finding, Mode, Operation, Verdict
 from webhook.policy.inventory import Snapshot
@@ -785,6 +785,8 @@ def _evaluate_claim(policy: Policy, obj: Mapping[str, Any], namespace: str, ctx:
     for rule, message in claims.check(policy, claim, namespace, ns_dra.device_classes, ns_dra.max_devices,
                                       ns_dra.allow_all, view):
         out.add(rule, message)
+    if ctx.inventory is not None and ctx.inventory.synced:
+        chosen, view = _fit_devices(policy, claim, chosen, view, ctx.inventory, out)
     if chosen is not None and view is not None:
         out.classes.append(chosen)
         if ctx.mode == "mutate" and ctx.operation == "CREATE":
@@ -793,6 +795,21 @@ def _evaluate_claim(policy: Policy, obj: Mapping[str, Any], namespace: str, ctx:
     return Verdict(violations=violations, warnings=tuple(f for f in out.findings if f.enforcement == "warn"),
                    edits=() if violations else tuple(out.edits), gpu_class=chosen.name if chosen else None,
                    gpus=claim.gpu_devices(policy), classes=tuple(out.classes))
+
+
+def _fit_devices(policy: Policy, claim: claims.Claim, chosen: ChosenClass | None, view: claims.ClaimClass | None,
+                 snapshot: Snapshot, out: _Collector) -> tuple[ChosenClass | None, claims.ClaimClass | None]:
+    """`dra-unsatisfiable` against the live devices (`webhook.policy.dra_fit`), holding back a default whose selector
+    would leave a request no device: the class and its view without it."""
+    defaulted = frozenset(f"{p.axis.name} {p.value}" for p in chosen.picks if p.defaulted) if chosen else frozenset()
+    fit = dra_fit.assess(claim, claim.gpu_asks(policy), snapshot.dra, view.selectors if view else {}, defaulted)
+    for rule, message in fit.findings:
+        out.add(rule, message)
+    if chosen is None or not fit.held:
+        return chosen, view
+    kept = ChosenClass.of([p._replace(inject=False) if f"{p.axis.name} {p.value}" in fit.held else p
+                           for p in chosen.picks], chosen.skipped)
+    return kept, _claim_class(policy, kept)
 
 
 def _namespace_dra(policy: Policy, namespace: str, ctx: Context) -> NamespaceDRA:
@@ -806,9 +823,10 @@ def _namespace_dra(policy: Policy, namespace: str, ctx: Context) -> NamespaceDRA
 def _claim_class(policy: Policy, chosen: ChosenClass) -> claims.ClaimClass:
     """The chosen class as `webhook.policy.claims` reads it: its cap, and the selectors of its values and others'."""
     mine: dict[str, list[tuple[str, str]]] = {}
-    for source, contribution, _ in chosen.contributions():
+    for source, contribution, placed in chosen.contributions():
         for device_class, expression in contribution.device_selectors.items():
-            mine.setdefault(device_class, []).append((source, expression))
+            if placed:  # a default held back (no device would match) adds nothing
+                mine.setdefault(device_class, []).append((source, expression))
     picked = {(p.axis.name, p.value) for p in chosen.picks}
     others: dict[str, dict[str, str]] = {}
     for axis in policy.axes:

@@ -82,6 +82,7 @@ WEBHOOK_ONLY: dict[str, str] = {
     "dra-selector-conflict": "judged on ResourceClaims and ResourceClaimTemplates, which no native policy matches "
                              "yet",
     "dra-pod-max": "needs the Pod's ResourceClaimTemplates and ResourceClaims; CEL cannot read other objects",
+    "dra-unsatisfiable": "needs the live ResourceSlices and DeviceClasses; CEL cannot read other objects",
     "dra-double-allocation": "needs the Pod's ResourceClaimTemplates and ResourceClaims (CEL cannot read other "
                              "objects)",
 }

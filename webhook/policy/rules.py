@@ -77,6 +77,8 @@ RULES: dict[str, tuple[Enforcement, str]] = {
     "dra-class-not-allowed": ("deny", "a GPU DeviceClass the namespace may not use"),
     "dra-selector-conflict": ("deny", "a claim's selector is another class value's selector, not its own class's"),
     "dra-double-allocation": ("deny", "a Pod asks for a GPU extended resource and also claims a GPU DeviceClass"),
+    "dra-unsatisfiable": ("warn", "a GPU request of a claim or template that no node's devices can satisfy (its "
+                                  "DeviceClass's selectors and its own, or a DeviceClass that does not exist)"),
 }
 
 
