@@ -288,3 +288,16 @@ def test_check_judges_and_places_claim_templates() -> None:
     assert (ok["name"], ok["allowed"], ok["class"]) == ("ok", True, "workload=inference,gpu-type=t4")
     assert ok["patch"] == [{"op": "add", "path": "/spec/spec/devices/requests/0/exactly/selectors", "value": [
         {"cel": {"expression": 'device.attributes["gpu.nvidia.com"].productName.lowerAscii().contains("t4")'}}]}]
+
+
+def test_check_reads_a_pods_claim_template_from_the_files() -> None:
+    """A template and its Pods in one file: the Pod using it is a GPU Pod (placed by class, its GPU toleration
+    expected); a Pod naming a template the files do not hold is judged without it, as before."""
+    code, results = as_json(m("dra-template-and-pods.yaml"))
+    assert code == 0
+    template, uses, missing = results
+    assert template["class"] == uses["class"] == "workload=inference,gpu-type=t4"
+    assert uses["warnings"] == []
+    assert {"op": "add", "path": "/spec/runtimeClassName", "value": "nvidia"} in uses["patch"]
+    assert [w.split("]")[0] for w in missing["warnings"]] == ["[gpu-toleration-without-request"]
+    assert missing["class"] is None

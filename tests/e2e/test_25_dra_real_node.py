@@ -222,13 +222,14 @@ def test_a_template_placed_by_class_runs_on_the_allocated_device(cluster: Cluste
 def test_a_class_selector_no_device_matches_stays_pending(cluster: Cluster, namespace: str,
                                                           dra_plugin: Plugin) -> None:
     """A template labelled gpu-type a100 gets the a100 selector; no stand-in device is an A100, so the scheduler
-    cannot allocate the claim and the Pod stays Pending. The webhook gives no warning for it today (no rule reads the
-    devices yet: docs/dra.md); the scheduler's condition says why."""
+    cannot allocate the claim and the Pod stays Pending. The webhook warns at the template's create
+    (`dra-unsatisfiable`, from the ResourceSlice the plugin published), and the scheduler's condition agrees."""
     template, template_warnings = _create(cluster, namespace, _template("a100", {"gpu-webhook.io/gpu-type": "a100"}))
     assert _selectors(template) == [A100]
     _, pod_warnings = _create(cluster, namespace, _pod("dra-a100", "a100"))
     print(f"admission warnings: template {template_warnings!r}, pod {pod_warnings!r}")
-    assert "Warning" not in template_warnings + pod_warnings
+    assert "[dra-unsatisfiable]" in template_warnings and "ResourceClaimTemplate \"a100\"" in template_warnings
+    assert "change the selector or the claim's class label" in template_warnings  # the fix survives the cut
 
     def unschedulable() -> str | None:
         pod = _get(cluster, namespace, "pod", "dra-a100") or {}

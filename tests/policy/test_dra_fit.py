@@ -137,8 +137,8 @@ def test_requests_against_the_devices(requests: list[dict[str, Any]], labels: di
 def test_a_device_class_that_does_not_exist() -> None:
     mig = {**CLASSES[0], "metadata": {"name": "mig.nvidia.com"}}
     (message,) = said(decide(template(exactly(1)), classes=[mig]), "dra-unsatisfiable")
-    assert "asks for DeviceClass gpu.nvidia.com, which does not exist in the cluster" in message
-    assert message.endswith("use an existing DeviceClass (mig.nvidia.com), or create gpu.nvidia.com")
+    assert "DeviceClass gpu.nvidia.com, which does not exist in the cluster (it has: mig.nvidia.com)" in message
+    assert message.endswith("use a DeviceClass that exists, or create gpu.nvidia.com")
 
 
 @pytest.mark.parametrize(
@@ -190,3 +190,25 @@ def test_a_class_the_author_chose_is_kept_and_reported() -> None:
     (message,) = said(verdict, "dra-unsatisfiable")
     assert 'contains(\\"t4\\")' in message and "productName NVIDIA H100 80GB HBM3 (2 nodes, 16 devices)" in message
     assert any('contains("t4")' in e for e in added_selectors(verdict, obj))
+
+
+@pytest.mark.parametrize(
+    ("obj", "kwargs"),
+    [
+        pytest.param(template(exactly(1, 'device.attributes["gpu.nvidia.com"].productName == "B200"')), {},
+                     id="no-device"),
+        pytest.param(template(exactly(9, H100_SELECTOR)), {}, id="too-few-on-one-node"),
+        pytest.param(template(exactly(1)), {"classes": [{**CLASSES[0], "metadata": {"name": "mig.nvidia.com"}}]},
+                     id="no-device-class"),
+        pytest.param(template(exactly(1)), {"slices": SLICES[:2]}, id="held-back"),
+    ],
+)
+def test_kubectl_shows_the_fix(obj: dict[str, Any], kwargs: dict[str, Any]) -> None:
+    """A warning goes on the wire cut to 120 characters, keeping what follows its last "; " when that is short."""
+    from webhook.admission.review import WARNING_MAX_CHARS, sanitize_warning
+
+    verdict = decide(obj, **kwargs)
+    (finding,) = [f for f in verdict.warnings if f.rule in ("dra-unsatisfiable", "gpu-class-skipped")]
+    fix = finding.message.rpartition("; ")[2]
+    assert len(fix) <= WARNING_MAX_CHARS // 2 and sanitize_warning(finding.render()).endswith(fix)
+

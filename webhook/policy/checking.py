@@ -21,7 +21,7 @@ from webhook.policy.findings import Mode, Operation, Verdict
 from webhook.policy.inventory import Snapshot
 from webhook.policy.manifests_io import Manifest, ManifestError, object_name, read_manifests
 from webhook.policy.patch import operations
-from webhook.policy.pods import KNOWN_KINDS, shape_problems
+from webhook.policy.pods import KNOWN_KINDS, mapping, shape_problems
 from webhook.policy.rules import Policy
 
 
@@ -35,11 +35,12 @@ class Outcome:
 
 
 def decide(policy: Policy, obj: Mapping[str, Any], namespace: str | None, operation: Operation = "CREATE",
-           mode: Mode = "mutate", *, inventory: Snapshot | None = None) -> Outcome:
+           mode: Mode = "mutate", *, inventory: Snapshot | None = None, claims: Snapshot | None = None) -> Outcome:
     """Evaluate one object and apply the patch, exactly as the admission server would answer.
 
-    `inventory` (from `audit` and `doctor`) adds the live-cluster checks and the namespace's labels."""
-    verdict = evaluate(policy, obj, Context(namespace, operation, mode, inventory=inventory))
+    `inventory` (from `audit` and `doctor`) adds the live-cluster checks and the namespace's labels; `claims` (the
+    claim templates and ResourceClaims of the files `check` reads) is where a Pod's claims are also looked up."""
+    verdict = evaluate(policy, obj, Context(namespace, operation, mode, inventory=inventory, claims=claims))
     ops = operations(obj, verdict.edits) if verdict.allowed else []
     patched = jsonpatch.apply_patch(obj, ops) if ops else obj
     return Outcome(verdict, ops, patched)
@@ -144,18 +145,36 @@ def check_sources(policy: Policy, sources: Sequence[tuple[str, str]], namespace:
                   inventory: Snapshot | None = None) -> list[Result]:
     """Judge every object of every (name, text) source; raises ManifestError naming file and line. With
     `inventory` (`check --nodes`), the cluster-aware checks run as in the server."""
+    read = [manifest for source, text in sources for manifest in read_manifests(source, text)]
+    claims = _claims_given(read, namespace)
     results = []
-    for source, text in sources:
-        for manifest in read_manifests(source, text):
-            problems = shape_problems(manifest.obj)
-            if problems:
-                raise ManifestError(f"{manifest.where()}: {'; '.join(problems)}; fix the manifest "
-                                    "(the API server would refuse it)")
-            ns = namespace_of(manifest.obj, namespace)
-            outcome = decide(policy, manifest.obj, ns, inventory=inventory)
-            results.append(Result(manifest, ns, outcome, _template_preview(policy, manifest.obj, ns, outcome,
-                                                                                  inventory)))
+    for manifest in read:
+        problems = shape_problems(manifest.obj)
+        if problems:
+            raise ManifestError(f"{manifest.where()}: {'; '.join(problems)}; fix the manifest "
+                                "(the API server would refuse it)")
+        ns = namespace_of(manifest.obj, namespace)
+        outcome = decide(policy, manifest.obj, ns, inventory=inventory, claims=claims)
+        results.append(Result(manifest, ns, outcome, _template_preview(policy, manifest.obj, ns, outcome,
+                                                                              inventory)))
     return results
+
+
+def _claims_given(manifests: Sequence[Manifest], namespace: str | None) -> Snapshot | None:
+    """The ResourceClaimTemplates and ResourceClaims among the files (in their namespaces, or --namespace), so that
+    a Pod in the same files that uses them is judged as using them (NVIDIA's quickstart: a template and its Pods in
+    one file); None when there are none."""
+    templates: list[Mapping[str, Any]] = []
+    named: list[Mapping[str, Any]] = []
+    for manifest in manifests:
+        kind = manifest.obj.get("kind")
+        if kind in ("ResourceClaimTemplate", "ResourceClaim"):
+            obj = {**manifest.obj, "metadata": {**mapping(manifest.obj.get("metadata")),
+                                                 "namespace": namespace_of(manifest.obj, namespace)}}
+            (templates if kind == "ResourceClaimTemplate" else named).append(obj)
+    if not templates and not named:
+        return None
+    return inv.snapshot_from_api(claim_templates=templates, dra=view_from_api(resource_claims=named))
 
 
 def _template_preview(policy: Policy, obj: Mapping[str, Any], namespace: str, outcome: Outcome,

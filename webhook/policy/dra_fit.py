@@ -108,9 +108,9 @@ def _problem(claim: Claim, ask: DeviceAsk, view: DraView, carried: Sequence[str]
     own = _class_selectors(view, ask.device_class)
     if own is None:
         known = ", ".join(view.device_classes()) or "none"
-        return (f"{what} asks for DeviceClass {ask.device_class}, which does not exist in the cluster, so the "
-                f"scheduler cannot allocate it and a Pod using it stays Pending; use an existing DeviceClass "
-                f"({known}), or create {ask.device_class}")
+        return (f"{what} asks for DeviceClass {ask.device_class}, which does not exist in the cluster (it has: "
+                f"{known}), so the scheduler cannot allocate it and a Pod using it stays Pending; use a DeviceClass "
+                f"that exists, or create {ask.device_class}")
     expressions = [*own, *carried]
     summary = _summary(ask, expressions, view)
     if summary is None or summary.nodes > 0:
@@ -123,7 +123,7 @@ def _problem(claim: Claim, ask: DeviceAsk, view: DraView, carried: Sequence[str]
                 f"it stays Pending; ask for {summary.largest} or fewer, or split the work")
     return (f"{what} can be allocated on no node: no device of DeviceClass {ask.device_class} matches "
             f"{selecting}, so a Pod using it stays Pending; the cluster has {_instead(view, own, carried)}; "
-            "change the selector or the claim's class labels to one of those")
+            "change the selector or the claim's class label")
 
 
 def _describe_selectors(own: Sequence[str], carried: Sequence[str]) -> str:
@@ -173,8 +173,8 @@ def _held_message(claim: Claim, ask: DeviceAsk, source: str, expression: str, vi
     matching = "matches no device" if need == 1 else f"leaves no node with {need} devices"
     return (f"{source} (from the defaults) not applied to {claim.describe()} {ask.where()}: its selector "
             f"{shown(expression)} {matching} of DeviceClass {ask.device_class}, so the claim could never be "
-            f"allocated; the cluster has {_instead(view, own, [expression])}; label the "
-            "claim with a class value whose devices exist, or change the default in the rules")
+            f"allocated; the cluster has {_instead(view, own, [expression])}; label the claim, or change the "
+            "default in the rules")
 
 
 def _joined(claim: Claim, name: str, problems: Sequence[str]) -> str:

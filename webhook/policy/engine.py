@@ -27,6 +27,7 @@ from functools import lru_cache
 from typing import Any, Literal, NamedTuple
 
 from webhook.policy import checks, claims, dra_fit, inventory, pods, selection
+from webhook.policy.claims import Claim
 from webhook.policy.dra_rules import NamespaceDRA
 from webhook.policy.findings import Edit, Finding, Mode, Operation, Verdict
 from webhook.policy.inventory import Snapshot
@@ -56,6 +57,8 @@ class Context(NamedTuple):
     `namespace_labels` are the namespace's labels when the cluster is known (for `namespaceSelectors`).
     `inventory` is the live cluster (nodes, runtime classes, namespaces, claim templates) when the server
     watches it: GPU pod specs are then also checked against it. None (no cluster access): those checks are off.
+    `claims` holds claim templates and ResourceClaims known without a cluster (the files `check` was given): with no
+    `inventory`, a Pod's claims are read from it, and nothing else is.
     """
 
     namespace: str | None
@@ -64,6 +67,16 @@ class Context(NamedTuple):
     old_object: Mapping[str, Any] | None = None
     namespace_labels: Mapping[str, str] | None = None
     inventory: Snapshot | None = None
+    claims: Snapshot | None = None
+
+    def pod_claims(self, policy: Policy, namespace: str, spec: Mapping[str, Any]) -> list[tuple[str, Claim]]:
+        """A Pod's claims of GPU devices (`inventory.gpu_claim_templates`), from the cluster, then the given files."""
+        found: dict[str, Claim] = {}
+        for source in (self.inventory, self.claims):
+            if source is not None:
+                for name, claim in inventory.gpu_claim_templates(policy, source, namespace, spec):
+                    found.setdefault(name, claim)
+        return list(found.items())
 
 
 @dataclass
@@ -183,7 +196,7 @@ def _evaluate_spec(policy: Policy, obj: Mapping[str, Any], ref: PodSpecRef, name
         count = pods.effective_count(counts)
         gpus += count
         placed = placed or ((count > 0 or flawed) and _placed_by_classes(policy, name))
-    claims = inventory.gpu_claims(policy, ctx.inventory, namespace, ref.spec) if ctx.inventory else ()
+    claims = ctx.pod_claims(policy, namespace, ref.spec)
     if gpus == 0 and not claims and not flawed:
         checks.check_unaccounted_access(policy, ref, out)
         return None
@@ -844,7 +857,7 @@ def _check_pod_claims(policy: Policy, ref: PodSpecRef, namespace: str, ctx: Cont
     """A GPU Pod's DRA side: GPUs asked for as extended resources and also through DRA (a claim template of a GPU
     class, known from the inventory, or a class's implicit name: one GPU handed out twice), the DeviceClasses of
     its DRA-served resources (KEP-5004), and its DRA devices together within the maxima (`webhook.policy.claims`)."""
-    templates = inventory.gpu_claim_templates(policy, ctx.inventory, namespace, ref.spec) if ctx.inventory else []
+    templates = ctx.pod_claims(policy, namespace, ref.spec)
     asks = claims.extended_asks(policy, per_resource)
     implicit = [a for a in asks if a.implicit]
     plain = gpus - sum(a.count for a in implicit)  # the GPUs a device plugin may hand out
