@@ -90,7 +90,9 @@ def test_audit_all_namespaces_human(cluster: tuple[ReplayServer, str], capsys: p
             "Ready node of class workload=inference,gpu-type=t4 (nodeSelector gpu-type=t4, workload=inference) offers "
             "4 (t4-shared-1; 2 nodes match)") in out
     assert "1 would be denied, 1 with warnings" in out and "inventory synced" in out
-    assert "7 object(s) judged" in out, "Pods of judged workloads, owned ReplicaSets and finished Pods are skipped"
+    # 7 workloads and Pods, and the 3 claim templates; Pods of judged workloads, owned ReplicaSets and finished Pods
+    # are skipped
+    assert "10 object(s) judged" in out
 
 
 def test_audit_proposed_rules_json(cluster: tuple[ReplayServer, str], capsys: pytest.CaptureFixture[str]) -> None:
@@ -99,11 +101,42 @@ def test_audit_proposed_rules_json(cluster: tuple[ReplayServer, str], capsys: py
     assert code == 1
     report = json.loads(out)
     groups = {(g["namespace"], g["rule"]): g["objects"] for g in report["groups"]}
-    assert groups[("ml-research", "gpu-class-not-allowed")] == ["Deployment/embed"], "namespace labels from the cluster"
+    # namespace labels from the cluster; claim templates are judged too
+    assert groups[("ml-research", "gpu-class-not-allowed")] == ["Deployment/embed",
+                                                                 "ResourceClaimTemplate/single-gpu"]
     assert groups[("ml-serving", "gpu-never-schedulable")] == ["Pod/big-infer"]
-    assert report["summary"]["denied"] == 2 and report["inventory"] == {"synced": True}
+    assert report["summary"]["denied"] == 3 and report["inventory"] == {"synced": True}
     embed = next(o for o in report["objects"] if o["name"] == "embed")
     assert embed["violations"][0]["message"].startswith("namespace ml-research may not use gpu-type t4")
+
+
+def test_audit_judges_resource_claims_and_skips_those_made_for_pods(cluster: tuple[ReplayServer, str],
+                                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    server, kubeconfig = cluster
+    twelve = {"metadata": {"namespace": "ml-serving", "name": "twelve"},
+              "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com",
+                                                                            "count": 12}}]}}}
+    made = {"metadata": {"namespace": "ml-serving", "name": "infer-0-gpu-x7",
+                         "annotations": {"resource.kubernetes.io/pod-claim-name": "gpu"}}, "spec": twelve["spec"]}
+    server.route("/apis/resource.k8s.io/v1/resourceclaims", list=[listing([twelve, made])])
+    _, out, err = run(capsys, "audit", "-A", "--kubeconfig", kubeconfig, "-o", "json")
+    report = json.loads(out)
+    groups = {(g["namespace"], g["rule"]): g["objects"] for g in report["groups"]}
+    assert groups[("ml-serving", "dra-claim-max")] == ["ResourceClaim/twelve"]
+    assert not any(o["name"] == "infer-0-gpu-x7" for o in report["objects"]), "a claim made for a Pod is skipped"
+    assert "note" not in err
+
+
+def test_audit_says_when_it_may_not_read_claims(cluster: tuple[ReplayServer, str],
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    server, kubeconfig = cluster
+    forbidden = Json({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "Forbidden", "code": 403,
+                      "message": 'resourceclaims.resource.k8s.io is forbidden: User "dev" cannot list resource'}, 403)
+    for version in ("v1", "v1beta2", "v1beta1"):
+        server.route(f"/apis/resource.k8s.io/{version}/resourceclaims", list=[forbidden])
+    _, out, err = run(capsys, "audit", "-A", "--kubeconfig", kubeconfig)
+    assert "gpu-webhook audit: note: resourceclaims not judged: API server answered 403" in err
+    assert "lacks read access" in err and "10 object(s) judged" in out
 
 
 def test_audit_one_namespace_from_the_context(cluster: tuple[ReplayServer, str],

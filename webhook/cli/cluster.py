@@ -71,6 +71,9 @@ def run_audit(args: argparse.Namespace) -> int:
         namespace = None if args.all_namespaces else (args.namespace or kube.context_namespace(args.kubeconfig,
                                                                                               args.context))
         objects = kube.read_workloads(api, namespace)
+        claims, notes = kube.read_claims(api, namespace)
+        for note in notes:
+            print(f"gpu-webhook audit: note: {note}", file=sys.stderr)
         try:
             snapshot = kube.read_snapshot(api)
         except kube.KubeError as err:
@@ -80,7 +83,7 @@ def run_audit(args: argparse.Namespace) -> int:
             snapshot = None
     except kube.KubeError as err:
         return _fail("audit", str(err))
-    result = audit.audit(policy, objects, snapshot)
+    result = audit.audit(policy, [*objects, *claims], snapshot)
     try:
         measured = usage_cli.audit_usage(args, policy, namespace, objects)
     except usage_cli.Failure as err:

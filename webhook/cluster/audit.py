@@ -1,6 +1,8 @@
 """`gpu-webhook audit`: what is already running, judged by the current (or a proposed) rule directory.
 
-Pure: the objects come in as JSON (from `webhook.cluster.kube.read_workloads`), the inventory as a Snapshot.
+Pure: the objects come in as JSON (from `webhook.cluster.kube.read_workloads` and `read_claims`), the inventory as a
+Snapshot. ResourceClaimTemplates and ResourceClaims are judged as at their create (a claim the controller or the
+scheduler made for a Pod is skipped: its template or Pod speaks for it).
 Each object goes through `checking.decide`, the admission server's own path, as a CREATE. Workloads are
 judged by their template; their Pods are then skipped (a ReplicaSet a Deployment owns, a Job a CronJob
 owns, a Pod any of those owns), so one broken template is reported once. Pods that have finished are
@@ -15,6 +17,7 @@ from typing import Any, TextIO
 
 from webhook.cluster.doctor import for_review
 from webhook.policy import checking
+from webhook.policy.claims import GENERATED_ANNOTATIONS
 from webhook.policy.findings import Verdict
 from webhook.policy.inventory import Snapshot
 from webhook.policy.pods import mapping
@@ -88,6 +91,12 @@ def controlled(obj: Json) -> bool:
     return any(isinstance(r, dict) and r.get("controller") and r.get("kind") in CONTROLLERS for r in refs)
 
 
+def generated(obj: Json) -> bool:
+    """A ResourceClaim made for a Pod (from its template, or for an extended resource): judged through those."""
+    annotations = mapping(mapping(obj.get("metadata")).get("annotations"))
+    return obj.get("kind") == "ResourceClaim" and any(a in annotations for a in GENERATED_ANNOTATIONS)
+
+
 def finished(obj: Json) -> bool:
     status = obj.get("status")
     return obj.get("kind") == "Pod" and isinstance(status, dict) and status.get("phase") in ("Succeeded", "Failed")
@@ -98,7 +107,7 @@ def audit(policy: Policy, objects: Sequence[Json], snapshot: Snapshot | None) ->
     judged: list[Judged] = []
     skipped = 0
     for obj in objects:
-        if controlled(obj) or finished(obj):
+        if controlled(obj) or finished(obj) or generated(obj):
             skipped += 1
             continue
         meta = mapping(obj.get("metadata"))

@@ -584,6 +584,32 @@ def read_snapshot(api: k8s.ApiClient) -> Snapshot:
                                  lists["resourceclaimtemplates"], dra=dra.view())
 
 
+def read_claims(api: k8s.ApiClient, namespace: str | None) -> tuple[list[Json], list[str]]:
+    """ResourceClaimTemplates and ResourceClaims of one namespace (or all), as JSON with kind and apiVersion
+    (`resource.k8s.io` v1, else v1beta2, else v1beta1), for `audit`; and a note for each kind the API server does
+    not serve or does not let this identity read (those are then not judged)."""
+    found: list[Json] = []
+    notes: list[str] = []
+    for kind, plural in (("ResourceClaimTemplate", "resourceclaimtemplates"), ("ResourceClaim", "resourceclaims")):
+        refused: ApiException | None = None
+        for version in ("v1", "v1beta2", "v1beta1"):
+            where = f"namespaces/{namespace}/" if namespace is not None else ""
+            call = _collection(api, f"/apis/resource.k8s.io/{version}/{where}{plural}")
+            try:
+                found.extend(list_all(call, kind, f"resource.k8s.io/{version}")[0])
+                refused = None
+                break
+            except ApiException as err:
+                if err.status not in (403, 404):
+                    raise describe_error(err, _host(api)) from None
+                refused = err if refused is None or err.status == 403 else refused
+            except _NETWORK_ERRORS as err:
+                raise describe_error(err, _host(api)) from None
+        if refused is not None:
+            notes.append(f"{plural} not judged: {describe_error(refused, _host(api))}")
+    return found, notes
+
+
 def read_workloads(api: k8s.ApiClient, namespace: str | None) -> list[Json]:
     """Pods and workload objects of one namespace (or all), as JSON with kind and apiVersion."""
     found: list[Json] = []
