@@ -301,3 +301,15 @@ def test_check_reads_a_pods_claim_template_from_the_files() -> None:
     assert {"op": "add", "path": "/spec/runtimeClassName", "value": "nvidia"} in uses["patch"]
     assert [w.split("]")[0] for w in missing["warnings"]] == ["[gpu-toleration-without-request"]
     assert missing["class"] is None
+
+
+def test_rules_lists_the_dra_part_of_the_policy() -> None:
+    result = subprocess.run([sys.executable, "-m", "webhook", "rules"], cwd=REPO, capture_output=True, text=True,
+                            timeout=120, check=False)
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert "dra-unsatisfiable                warn  (default warn)" in out
+    assert "\nDRA: GPU DeviceClasses\n" in out and "  gpu.nvidia.com " in out
+    assert ('  gpu-type t4 -> gpu.nvidia.com: device.attributes["gpu.nvidia.com"].productName.lowerAscii()'
+            '.contains("t4")') in out
+    assert "DRA: adminAccess allowed in:" in out

@@ -206,7 +206,37 @@ def run_rules(args: argparse.Namespace) -> int:
         where, why = native.placement_of(rule)
         print(f"{rule:32} {policy.enforcement_of(rule):5} (default {default:4})  {what}\n"
               f"{'':32} native mode: {_RUNS[where]}: {why}")
+    for line in _dra_lines(policy):
+        print(line)
     return EXIT_OK
+
+
+def _dra_lines(policy: Policy) -> list[str]:
+    """The DRA part of the loaded rules: the GPU DeviceClasses with their limits, the selectors each class value
+    adds to a claim's request, and the namespaces that may use adminAccess."""
+    dra = policy.dra
+    if not dra.device_classes:
+        return ["", "DRA: no GPU DeviceClasses in the rules (gpuDeviceClasses, dra.deviceClasses): claims are not "
+                    "judged"]
+    lines = ["", "DRA: GPU DeviceClasses"]
+    for name, rule in sorted(dra.device_classes.items()):
+        said = [f"maxDevices {rule.max_devices}" if rule.max_devices is not None else "no maxDevices",
+                "allocationMode All allowed" if rule.allow_all else "allocationMode All denied"]
+        if rule.extended_resource_name:
+            said.append(f"extendedResourceName {rule.extended_resource_name}")
+        if not rule.classes:
+            said.append("class map not applied")
+        lines.append(f"  {name:30} {', '.join(said)}")
+    selectors = [(axis.name, value, device_class, expression) for axis in policy.axes
+                 for value, contribution in axis.values.items()
+                 for device_class, expression in sorted(contribution.device_selectors.items())]
+    if selectors:
+        lines.append("DRA: selectors added to a claim's GPU request that has none (class value -> DeviceClass: CEL)")
+        lines.extend(f"  {axis} {value} -> {device_class}: {expression}" for axis, value, device_class, expression
+                     in selectors)
+    admin = ", ".join(sorted(dra.admin_access_namespaces)) or "(none besides the exempt namespaces)"
+    lines.append(f"DRA: adminAccess allowed in: {admin}")
+    return lines
 
 
 # --------------------------------------------------------------------------------------------- test
