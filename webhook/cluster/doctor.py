@@ -22,7 +22,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from webhook.policy import checking, inventory
+from webhook.policy import checking, dra_fit, inventory
 from webhook.policy.checks import gpu_requests
 from webhook.policy.inventory import Node, Placement, Snapshot
 from webhook.policy.pods import mapping
@@ -97,13 +97,15 @@ def diagnose(policy: Policy, facts: Facts) -> Report:
     where = inventory.with_runtime_class(inventory.placement(spec, ("spec",)),
                                          snapshot.runtime_classes.get(str(spec.get("runtimeClassName") or "")))
     waits = False  # unscheduled because the GPUs of the nodes it can land on are in use
-    if asks or claims:
+    if asks:  # extended resources: a device plugin on a node that advertises them (DRA claims: the step below)
         used = _used(policy, facts.pods, exclude=_name(pod), namespace=_namespace(pod))
         steps.append(_advertised_step(snapshot, asks))
         steps.append(_device_plugin_step(policy, facts))
         matching = _matching_step(snapshot, where, asks, used, scheduled=bool(spec.get("nodeName")))
         steps.append(matching)
         waits = matching.status == "warn"
+    if claims:
+        steps.append(_devices_step(policy, snapshot, pod))
     clues = Clues.of([n for n in snapshot.nodes if not _why_not(n, where)], asks)
     steps.append(_landing_step(pod, clues, waits))
     steps.append(_events_step(facts, clues))
@@ -494,6 +496,33 @@ def explain(text: str, clues: Clues) -> tuple[Status, str] | None:
         if match is not None:
             return explanation.status, explanation.meaning(match.groupdict(), clues)
     return None
+
+
+def _devices_step(policy: Policy, snapshot: Snapshot, pod: Json) -> Step:
+    """DRA: whether the devices of the Pod's GPU claims exist on some node (webhook.policy.dra_fit), unless the
+    claims are allocated already (then the scheduler has placed them)."""
+    spec = mapping(pod.get("spec"))
+    statuses = mapping(pod.get("status")).get("resourceClaimStatuses")
+    names = {str(s.get("name")): s.get("resourceClaimName") for s in map(mapping, statuses or ())}  # generated
+    names |= {str(c.get("name")): c.get("resourceClaimName") for c in map(mapping, spec.get("resourceClaims") or ())
+              if c.get("resourceClaimName")}  # by name
+    problems: list[str] = []
+    evidence: list[str] = []
+    for name, claim in inventory.gpu_claim_templates(policy, snapshot, _namespace(pod), spec):
+        made = names.get(name)
+        allocated = snapshot.dra.claim(_namespace(pod), str(made)) if made else None
+        if allocated is not None and allocated.allocated:
+            evidence.append(f"claim {name} ({made}) is allocated: {allocated.devices} device(s)")
+            continue
+        found, said = dra_fit.explain(claim, claim.gpu_asks(policy), snapshot.dra)
+        problems += found
+        evidence += said
+    if problems:
+        return Step("DRA devices", "fail", problems[0], tuple(evidence + problems[1:]))
+    if not snapshot.dra.devices_known:
+        return Step("DRA devices", "info", "the devices were not read: the claims' selectors were not checked",
+                    tuple(evidence))
+    return Step("DRA devices", "ok", "some node has the devices each GPU claim asks for", tuple(evidence))
 
 
 def _runtime_class_step(snapshot: Snapshot, spec: Json, gpu: bool) -> Step:

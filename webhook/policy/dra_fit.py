@@ -181,3 +181,34 @@ def _joined(claim: Claim, name: str, problems: Sequence[str]) -> str:
     """One message for a `firstAvailable` request none of whose subrequests can be allocated."""
     return (f"{claim.describe()}: request {shown(name)}: none of its firstAvailable subrequests can be allocated: "
             + " | ".join(problems))
+
+
+def explain(claim: Claim, gpu_asks: Sequence[DeviceAsk], view: DraView) -> tuple[list[str], list[str]]:
+    """For `doctor`: per GPU request of a claim a Pod waits on, how many devices pass each stage of its selection
+    (the DeviceClass's selectors, then the request's own) and the most on one node against the count it needs.
+    (problems, evidence): a problem is a request no node can satisfy, said as `dra-unsatisfiable` says it."""
+    problems: list[str] = []
+    evidence: list[str] = []
+    if not view.devices_known:
+        return problems, ["the ResourceSlices and DeviceClasses were not listed (no DRA, or not readable)"]
+    for ask in gpu_asks:
+        own = _class_selectors(view, ask.device_class)
+        where = f"{claim.describe()} {ask.where()}"
+        if own is None:
+            problems.append(_problem(claim, ask, view, ask.selectors) or where)
+            continue
+        stages = [("its DeviceClass's selectors", list(own))]
+        if ask.selectors:
+            stages.append(("and the request's selectors", [*own, *ask.selectors]))
+        said = []
+        for label, expressions in stages:
+            summary = _summary(ask, expressions, view)
+            if summary is None:
+                said.append(f"{label}: not known (a selector fails on some device or does not compile)")
+                break
+            said.append(f"{label}: {summary.devices} devices, at most {summary.largest} on one node")
+        evidence.append(f"{where} needs {ask.count or 1} on one node; {'; '.join(said)}")
+        problem = _problem(claim, ask, view, ask.selectors)
+        if problem is not None:
+            problems.append(problem)
+    return problems, evidence
