@@ -296,6 +296,55 @@ def _validations(level: str) -> list[Json]:
     return out
 
 
+# The resources every Pod may ask for that are never a GPU (hugepages-<size> too): a Pod that asks for nothing
+# else cannot concern a GPU rule's check.
+_CORE_RESOURCES = "['cpu', 'memory', 'ephemeral-storage']"
+
+
+def _other_names(table: str) -> str:
+    """Whether the resource map `table` (maybe absent) names something other than the core resources."""
+    return (f"(has({table}) && {table}.exists(r, !(r in {_CORE_RESOURCES}) && "
+            "!r.startsWith('hugepages-')))")
+
+
+def _resources_guard(s: str) -> str:
+    """Pod spec `s` asks for a resource that may be a GPU (containers, init containers, pod-level), or has DRA
+    claims. Reads resource names only, no params and no quantities."""
+    def asks(c: str) -> str:
+        return f"(has({c}.resources) && ({_other_names(f'{c}.resources.limits')} || " \
+               f"{_other_names(f'{c}.resources.requests')}))"
+    return (f"(has({s}.containers) && {s}.containers.exists(c, {asks('c')})) || (has({s}.initContainers) && "
+            f"{s}.initContainers.exists(c, {asks('c')})) || {asks(s)} || has({s}.resourceClaims)")
+
+
+def _unaccounted_guard(s: str) -> str:
+    """Pod spec `s` has what the three *-without-request rules look at: a runtimeClassName, a toleration that may
+    hold a GPU node (a key, and an effect that is not NoExecute: DefaultTolerationSeconds adds two of those to
+    every Pod), or NVIDIA_VISIBLE_DEVICES in a container's env."""
+    env = "(has(c.env) && c.env.exists(e, e.name == 'NVIDIA_VISIBLE_DEVICES'))"
+    return (f"has({s}.runtimeClassName) || (has({s}.tolerations) && {s}.tolerations.exists(t, has(t.key) && "
+            "(!has(t.effect) || t.effect == '' || t.effect == 'NoSchedule'))) || "
+            f"(has({s}.containers) && {s}.containers.exists(c, {env})) || "
+            f"(has({s}.initContainers) && {s}.initContainers.exists(c, {env}))")
+
+
+def gpu_guard(unaccounted: bool, pods_only: bool = False) -> Json:
+    """The matchCondition that ends a policy early for a Pod (or workload template) its rules cannot concern, as a
+    CPU-only Pod: a false matchCondition skips the variables, the validations and the messages (and the params
+    are never read). The same for every rule set: it reads no params."""
+    if pods_only:
+        return {"name": "may-concern-gpus", "expression": _resources_guard("object.spec")}
+    spec_paths: dict[str, list[str]] = {}
+    for kind, (spec_path, _) in pods.KNOWN_KINDS.items():
+        spec_paths.setdefault(_cel_path(spec_path), []).append(kind)
+    *rest, (last, _) = sorted(spec_paths.items(), key=lambda item: len(item[1]))
+
+    def check(s: str) -> str:
+        return f"({_resources_guard(s)}{' || ' + _unaccounted_guard(s) if unaccounted else ''})"
+    branches = [f"({' || '.join(f'object.kind == {k!r}' for k in kinds)}) ? {check(path)}" for path, kinds in rest]
+    return {"name": "may-concern-gpus", "expression": " : ".join([*branches, check(last)])}
+
+
 def _match(resources: list[tuple[str, str]], operations: list[str]) -> Json:
     return {"resourceRules": [{"apiGroups": [g], "apiVersions": ["v1"], "operations": operations,
                                "resources": [r]} for g, r in resources]}
@@ -358,7 +407,7 @@ def _mutating() -> Json:
         "spec": {
             "paramKind": {"apiVersion": PARAMS_API, "kind": PARAMS_KIND},
             "matchConstraints": _match([("", "pods")], ["CREATE"]),
-            "matchConditions": [NOT_A_MIRROR_POD],
+            "matchConditions": [NOT_A_MIRROR_POD, gpu_guard(unaccounted=False, pods_only=True)],
             "failurePolicy": "Fail",
             "reinvocationPolicy": "IfNeeded",
             "variables": _variables(extra),
@@ -384,6 +433,7 @@ def _validating(level: str) -> Json:
                     "(object.kind == 'PodTemplate' ? object.template != oldObject.template : object.kind == 'CronJob' "
                     "? object.spec.jobTemplate.spec.template != oldObject.spec.jobTemplate.spec.template : "
                     "object.spec.template != oldObject.spec.template)")},
+                gpu_guard(unaccounted=True),
             ],
             "failurePolicy": "Fail",
             "variables": _variables([]),
