@@ -4,6 +4,7 @@ policies do not depend on the rules. The CEL itself is proven on the real API se
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -185,3 +186,42 @@ def test_render_cli_webhook_patch_needs_hybrid_mode(capsys: pytest.CaptureFixtur
 
     assert main(["policies", "render", "--rules", str(REPO / "rules"), "--format", "webhook-patch"]) == 1
     assert "add --mode hybrid" in capsys.readouterr().err
+
+
+def test_levels_say_which_validating_policy_has_work_for_each_group() -> None:
+    policy = parse_sources([("a.yaml", (REPO / "rules" / "gpu-policy.yaml").read_text()), ("b.yaml", """
+apiVersion: gpu-webhook.io/v1alpha1
+kind: GPUPolicy
+metadata: {name: levels}
+spec:
+  enforcement: {gpu-class-skipped: deny, gpu-node-name-preset: "off", gpu-env-without-request: "off",
+                gpu-runtime-without-request: "off", gpu-toleration-without-request: "off"}
+""")])
+    assert native.params(PACKAGED)["levels"] == {"gpu": ["deny", "warn"], "unaccounted": ["warn"]}
+    assert native.params(policy)["levels"] == {"gpu": ["deny"], "unaccounted": []}
+    conditions = {p["metadata"]["name"]: p["spec"]["matchConditions"][-1]["expression"] for p in native_cel.policies()
+                  if p["kind"] == "ValidatingAdmissionPolicy"}
+    assert "'warn' in params.spec.levels.gpu" in conditions["gpu-webhook.io-warn"]
+    assert "'deny' in params.spec.levels.unaccounted" in conditions["gpu-webhook.io-deny"]
+
+
+@pytest.mark.parametrize("name", ["cpu", "memory", "nvidia.com/gpu", "nvidia.com/gpu.shared", "nvidia.com/mig-1g.5gb",
+                                  "nvidia.com/mig-9g.99gb", "example.com/foo"])
+def test_the_regex_short_cuts_agree_with_the_regexes(name: str) -> None:
+    p = _params()
+    is_gpu = name in p["gpuExact"] or any(re.search(g["regex"], name) for g in p["gpuGlobs"])
+    in_family = any(re.search(f["regex"], name) and name not in f["shadowed"] for f in p["validFor"])
+    capped = any(r["maxPerContainer"] and re.search(r["regex"], name) for r in p["resources"])
+    assert name not in p["notGPU"] or not is_gpu
+    assert name not in p["notFamily"] or not in_family
+    assert name not in p["uncapped"] or not capped
+    assert ("nvidia.com/gpu" in p["notFamily"], "cpu" in p["notGPU"]) == (True, True)
+
+
+def test_the_guards_read_no_params_where_they_must_not() -> None:
+    mutating = next(p for p in native_cel.policies() if p["kind"] == "MutatingAdmissionPolicy")
+    guard = mutating["spec"]["matchConditions"][-1]
+    assert guard["name"] == "may-concern-gpus" and "params" not in guard["expression"]
+    for p in native_cel.policies():
+        for v in p["spec"].get("validations", []):
+            assert v["messageExpression"].startswith("variables.failed") and v["messageExpression"].endswith(": ''")

@@ -316,6 +316,18 @@ def params(policy: Policy) -> Json:
             table["#".join([ns_id, *(f"{t.key()}/{_limit_token(axis, bound)}"
                                      for axis, t in zip(policy.axes, combo, strict=True))])] = plan_id
     by_name = {a.name: a for a in policy.axes}
+    exact = {**{IMPLICIT_PREFIX + c: "placed" if rule.classes else "checked"
+                for c, rule in policy.dra.device_classes.items()},
+             **{r.pattern: _kind(r) for r in policy.resources if not _is_pattern(r.pattern)}}
+    globs = [{"regex": _resource_regex(r.pattern), "kind": _kind(r)} for r in policy.resources
+             if _is_pattern(r.pattern)]
+    # A glob family does not hold the exact names listed before it (`webhook.policy.resources.ordered`).
+    families: list[Json] = [{"regex": _resource_regex(r.pattern),
+                              "values": {a: [v for v in by_name[a].values if v in vs]
+                                         for a, vs in r.valid_for.items()},
+                              "shadowed": [e.pattern for e in policy.resources if not _is_pattern(e.pattern)
+                                           and _is_pattern(r.pattern) and r.matches(e.pattern)]}
+                             for r in policy.resources if r.valid_for and r.classes]
     aliases = {
         f"{axis.name}|{value}|{key}": _regex(found)
         for axis in policy.axes for value, contribution in axis.values.items()
@@ -333,17 +345,18 @@ def params(policy: Policy) -> Json:
         "resources": [{"name": r.pattern, "regex": _resource_regex(r.pattern),
                        "maxPerContainer": r.max_per_container or 0, "reason": r.reason or "",
                        "classes": r.classes, "validFor": bool(r.valid_for)} for r in policy.resources],
-        "gpuExact": {**{IMPLICIT_PREFIX + c: "placed" if rule.classes else "checked"
-                        for c, rule in policy.dra.device_classes.items()},
-                     **{r.pattern: _kind(r) for r in policy.resources if not _is_pattern(r.pattern)}},
-        "gpuGlobs": [{"regex": _resource_regex(r.pattern), "kind": _kind(r)} for r in policy.resources
-                     if _is_pattern(r.pattern)],
-        # A glob family does not hold the exact names listed before it (`webhook.policy.resources.ordered`).
-        "validFor": [{"regex": _resource_regex(r.pattern),
-                      "values": {a: [v for v in by_name[a].values if v in vs] for a, vs in r.valid_for.items()},
-                      "shadowed": [e.pattern for e in policy.resources if not _is_pattern(e.pattern)
-                                 and _is_pattern(r.pattern) and r.matches(e.pattern)]}
-                     for r in policy.resources if r.valid_for and r.classes],
+        "gpuExact": exact,
+        "gpuGlobs": globs,
+        "validFor": families,
+        # Names whose answer is known without a regex (the CEL compiles a pattern from params on every call).
+        "notGPU": [n for n in native_cel.CORE_RESOURCES if not any(re.search(g["regex"], n) for g in globs)],
+        "notFamily": [n for n in sorted({*exact, *native_cel.CORE_RESOURCES})
+                      if not any(re.search(f["regex"], n) and n not in f["shadowed"] for f in families)],
+        "uncapped": [n for n in sorted({*exact, *native_cel.CORE_RESOURCES})
+                     if not any(r.max_per_container and re.search(_resource_regex(r.pattern), n)
+                                for r in policy.resources)],
+        "levels": {group: sorted({policy.enforcement_of(r) for r in rules} - {"off"}) for group, rules in
+                   (("gpu", native_cel.GPU_RULES), ("unaccounted", native_cel.UNACCOUNTED_RULES))},
         "gpuRuntimeClasses": sorted(policy.gpu_runtime_classes),
         "gpuTaintKeys": sorted(policy.gpu_taint_keys),
         "enforcement": {rule: policy.enforcement_of(rule) for rule in RULES},
@@ -409,6 +422,11 @@ def crd() -> Json:
         "gpuExact": _applied_map(_string_map(256, 16)),
         "gpuGlobs": {"type": "array", "maxItems": 64, "items": {"type": "object", "properties": {
             "regex": _bounded_string(1024), "kind": _bounded_string(16)}}},
+        "notGPU": {"type": "array", "maxItems": 8, "items": _bounded_string()},
+        "notFamily": {"type": "array", "maxItems": 512, "items": _bounded_string()},
+        "uncapped": {"type": "array", "maxItems": 512, "items": _bounded_string()},
+        "levels": {"type": "object", "properties": {
+            group: {"type": "array", "maxItems": 2, "items": _bounded_string(8)} for group in ("gpu", "unaccounted")}},
         "gpuRuntimeClasses": {"type": "array", "maxItems": 64, "items": _bounded_string()},
         "gpuTaintKeys": {"type": "array", "maxItems": 64, "items": _bounded_string()},
         "enforcement": _applied_map(_string_map(64, 8)),

@@ -13,6 +13,7 @@ CEL notes, checked on kube-apiserver 1.36 (tests/e2e/test_15_native.py):
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from webhook.policy import pods
@@ -27,6 +28,15 @@ MUTATING_NAME = "gpu-webhook.io-class"
 VALIDATING_NAMES = {"deny": "gpu-webhook.io-deny", "warn": "gpu-webhook.io-warn"}
 ACTIONS = {"deny": ["Deny"], "warn": ["Warn", "Audit"]}
 P = "params.spec"
+
+# The rules the validating policies check, by what can concern them: the three that look at Pods without a GPU
+# request, and the others (a GPU resource). `levels` in the params lists the enforcement levels of each group, so a
+# policy whose level no rule of the group has is ended by its matchCondition.
+UNACCOUNTED_RULES = ("gpu-env-without-request", "gpu-runtime-without-request", "gpu-toleration-without-request")
+GPU_RULES = ("gpu-whole-number", "gpu-limits-required", "gpu-requests-equal-limits", "gpu-per-container-max",
+             "gpu-pod-level-resources", "gpu-class-unknown", "gpu-class-not-allowed", "gpu-class-conflict",
+             "gpu-class-skipped", "gpu-class-max", "gpu-node-name-preset")
+CORE_RESOURCES = ("cpu", "memory", "ephemeral-storage")
 
 _WORKLOAD_RESOURCES = (
     ("apps", "deployments"), ("apps", "replicasets"), ("apps", "statefulsets"), ("apps", "daemonsets"),
@@ -83,10 +93,12 @@ def _nonzero(expr: str) -> str:
 def _gpu(name: str, kind: str | None = None) -> str:
     """Whether resource `name` is a GPU (of a `kind`: placed, validFor, checked): a map lookup for exact names,
     and a regex only for the rules' globs (patterns from params are compiled on every call)."""
+    # `notGPU`: the core resource names no glob claims, so a CPU request costs no regex (compiled on every call).
     if kind is None:
-        return f"({name} in {P}.gpuExact || {P}.gpuGlobs.exists(g, {name}.matches(g.regex)))"
+        return (f"({name} in {P}.gpuExact || (!({name} in {P}.notGPU) && "
+                f"{P}.gpuGlobs.exists(g, {name}.matches(g.regex))))")
     kinds = "['placed', 'validFor']" if kind == "placed" else f"['{kind}']"  # validFor families are placed too
-    return (f"({name} in {P}.gpuExact ? {P}.gpuExact[{name}] in {kinds} : "
+    return (f"({name} in {P}.gpuExact ? {P}.gpuExact[{name}] in {kinds} : !({name} in {P}.notGPU) && "
             f"{P}.gpuGlobs.exists(g, g.kind in {kinds} && {name}.matches(g.regex)))")
 
 
@@ -98,7 +110,8 @@ def _limit_count(c: str, placed: bool) -> str:
 
 
 # Resource r is of validFor family e: its regex, less the exact names listed before a glob (they take precedence).
-_FAMILY = "(r.matches(e.regex) && !(r in e.shadowed))"
+# `notFamily`: the exact and core names that no family holds (precomputed), so the usual Pod costs no regex.
+_FAMILY = f"(!(r in {P}.notFamily) && r.matches(e.regex) && !(r in e.shadowed))"
 
 
 def _variables_gpu() -> list[tuple[str, str]]:
@@ -224,7 +237,8 @@ def _validations(level: str) -> list[Json]:
         "remove the request (it defaults to the limit)'")
     out.append(_rule("gpu-requests-equal-limits", level, ok, msg))
     # gpu-per-container-max.
-    over = (f"{gpu_names(limits, has_l)}.filter(r, {P}.resources.exists(g, g.maxPerContainer > 0 && "
+    over = (f"{gpu_names(limits, has_l)}.filter(r, !(r in {P}.uncapped) && {P}.resources.exists(g, "
+            "g.maxPerContainer > 0 && "
             f"r.matches(g.regex) && {_count(f'{limits}[r]')} > g.maxPerContainer))")
     first = f"{P}.resources.filter(g, g.maxPerContainer > 0 && {over}[0].matches(g.regex))[0]"
     ok, msg = _per_container(
@@ -296,6 +310,65 @@ def _validations(level: str) -> list[Json]:
     return out
 
 
+# The resources every Pod may ask for that are never a GPU (hugepages-<size> too): a Pod that asks for nothing
+# else cannot concern a GPU rule's check.
+_CORE_RESOURCES = "[" + ", ".join(f"'{r}'" for r in CORE_RESOURCES) + "]"
+
+
+def _other_names(table: str) -> str:
+    """Whether the resource map `table` (maybe absent) names something other than the core resources."""
+    return (f"(has({table}) && {table}.exists(r, !(r in {_CORE_RESOURCES}) && "
+            "!r.startsWith('hugepages-')))")
+
+
+def _resources_guard(s: str) -> str:
+    """Pod spec `s` asks for a resource that may be a GPU (containers, init containers, pod-level), or has DRA
+    claims. Reads resource names only, no params and no quantities."""
+    def asks(c: str) -> str:
+        return f"(has({c}.resources) && ({_other_names(f'{c}.resources.limits')} || " \
+               f"{_other_names(f'{c}.resources.requests')}))"
+    return (f"(has({s}.containers) && {s}.containers.exists(c, {asks('c')})) || (has({s}.initContainers) && "
+            f"{s}.initContainers.exists(c, {asks('c')})) || {asks(s)} || has({s}.resourceClaims)")
+
+
+def _unaccounted_guard(s: str) -> str:
+    """Pod spec `s` has what the three *-without-request rules look at: a runtimeClassName, a toleration that may
+    hold a GPU node (a key, and an effect that is not NoExecute: DefaultTolerationSeconds adds two of those to
+    every Pod), or NVIDIA_VISIBLE_DEVICES in a container's env."""
+    env = "(has(c.env) && c.env.exists(e, e.name == 'NVIDIA_VISIBLE_DEVICES'))"
+    return (f"has({s}.runtimeClassName) || (has({s}.tolerations) && {s}.tolerations.exists(t, has(t.key) && "
+            "(!has(t.effect) || t.effect == '' || t.effect == 'NoSchedule'))) || "
+            f"(has({s}.containers) && {s}.containers.exists(c, {env})) || "
+            f"(has({s}.initContainers) && {s}.initContainers.exists(c, {env}))")
+
+
+def _by_spec(check: Callable[[str], str]) -> str:
+    """`check` of the pod spec, whichever kind the object is (one branch per distinct spec path)."""
+    spec_paths: dict[str, list[str]] = {}
+    for kind, (spec_path, _) in pods.KNOWN_KINDS.items():
+        spec_paths.setdefault(_cel_path(spec_path), []).append(kind)
+    *rest, (last, _) = sorted(spec_paths.items(), key=lambda item: len(item[1]))
+    branches = [f"({' || '.join(f'object.kind == {k!r}' for k in kinds)}) ? ({check(path)})" for path, kinds in rest]
+    return " : ".join([*branches, f"({check(last)})"])
+
+
+def gpu_guard() -> Json:
+    """The mutating policy's matchCondition: a Pod that asks for no resource that may be a GPU is not read further
+    (a false matchCondition skips the variables and the patch). Resource names only, no params."""
+    return {"name": "may-concern-gpus", "expression": _resources_guard("object.spec")}
+
+
+def level_guard(level: str) -> Json:
+    """A validating policy's matchCondition: some rule at `level` may concern the object. The GPU rules when it asks
+    for a resource that may be a GPU, the three *-without-request rules when it has what they look at; each only
+    when the params put a rule of its group at this level (`levels`). A CPU-only Pod, or a GPU Pod when no GPU rule
+    is at the level, ends here: no variables, validations or messages are evaluated."""
+    def check(s: str) -> str:
+        return (f"('{level}' in {P}.levels.gpu && ({_resources_guard(s)})) || "
+                f"('{level}' in {P}.levels.unaccounted && ({_unaccounted_guard(s)}))")
+    return {"name": f"rules-at-{level}-may-concern-it", "expression": _by_spec(check)}
+
+
 def _match(resources: list[tuple[str, str]], operations: list[str]) -> Json:
     return {"resourceRules": [{"apiGroups": [g], "apiVersions": ["v1"], "operations": operations,
                                "resources": [r]} for g, r in resources]}
@@ -358,7 +431,7 @@ def _mutating() -> Json:
         "spec": {
             "paramKind": {"apiVersion": PARAMS_API, "kind": PARAMS_KIND},
             "matchConstraints": _match([("", "pods")], ["CREATE"]),
-            "matchConditions": [NOT_A_MIRROR_POD],
+            "matchConditions": [NOT_A_MIRROR_POD, gpu_guard()],
             "failurePolicy": "Fail",
             "reinvocationPolicy": "IfNeeded",
             "variables": _variables(extra),
@@ -368,6 +441,15 @@ def _mutating() -> Json:
 
 
 def _validating(level: str) -> Json:
+    # Each check is a variable that its validation and its messageExpression both read: the API server evaluates
+    # every messageExpression, pass or fail, so a message costs only that variable unless its check failed.
+    failed: list[tuple[str, str]] = []
+    validations: list[Json] = []
+    for index, check in enumerate(_validations(level)):
+        name = f"failed{index}"
+        failed.append((name, f"!({check['expression']})"))
+        validations.append({"expression": f"!variables.{name}",
+                            "messageExpression": f"variables.{name} ? {check['messageExpression']} : ''"})
     return {
         "apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicy",
         "metadata": {"name": VALIDATING_NAMES[level], "labels": {"app.kubernetes.io/name": "gpu-webhook"}},
@@ -384,10 +466,11 @@ def _validating(level: str) -> Json:
                     "(object.kind == 'PodTemplate' ? object.template != oldObject.template : object.kind == 'CronJob' "
                     "? object.spec.jobTemplate.spec.template != oldObject.spec.jobTemplate.spec.template : "
                     "object.spec.template != oldObject.spec.template)")},
+                level_guard(level),
             ],
             "failurePolicy": "Fail",
-            "variables": _variables([]),
-            "validations": _validations(level),
+            "variables": _variables(failed),
+            "validations": validations,
         },
     }
 
