@@ -433,6 +433,11 @@ def test_doctor_reads_insufficient_against_the_nodes_the_pod_can_land_on(
                      id="more-than-any-node-has"),
         pytest.param(_real_event("didn't match"), ADVERTISED, "warn",
                      "no node with the labels the Pod's nodeSelector or node affinity asks for", id="selector"),
+        # kube-scheduler v1.36.3's own words, from tests/e2e/test_26_dra_scheduler.py
+        pytest.param("0/5 nodes are available: 2 cannot allocate all claims, 3 node(s) didn't match Pod's node "
+                     "affinity/selector. still not schedulable, preemption: 0/5 nodes are available: 5 Preemption is "
+                     "not helpful for scheduling.", ADVERTISED, "warn",
+                     "the scheduler found no node whose DRA devices satisfy the Pod's claims", id="dra-claims"),
         pytest.param("UnexpectedAdmissionError: Pod was rejected: something new", ADVERTISED, "fail",
                      "the kubelet refused the Pod at admission", id="other-kubelet-rejection"),
         pytest.param("MissingClusterDNS: kubelet does not have ClusterDNS IP configured", ADVERTISED, None, "",

@@ -454,6 +454,12 @@ def _insufficient(groups: Mapping[str, str], clues: Clues) -> str:
             "use (it waits until one is released, or until the cluster grows); see Matching nodes for what is free")
 
 
+def _claims(groups: Mapping[str, str], clues: Clues) -> str:
+    return ("the scheduler found no node whose DRA devices satisfy the Pod's claims (kube-scheduler's \"cannot "
+            "allocate all claims\"); see DRA devices for which request and selector, and change the claim's "
+            "selector or class")
+
+
 def _selector(groups: Mapping[str, str], clues: Clues) -> str:
     return ("the scheduler found no node with the labels the Pod's nodeSelector or node affinity asks for (a class "
             "value no node carries?); see Matching nodes, and label the nodes or pick a class they have")
@@ -482,6 +488,7 @@ EXPLANATIONS: tuple[Explanation, ...] = (
     Explanation("runtime-handler", re.compile(
         r'failed to get sandbox runtime: no runtime for "(?P<handler>[^"]+)" is configured'), "fail", _no_handler),
     Explanation("admission-webhook", re.compile(r"FailedCreate: .*admission webhook"), "warn", _webhook_denied),
+    Explanation("dra-claims", re.compile(r"\d+ cannot allocate all claims"), "warn", _claims),
     Explanation("insufficient", re.compile(r"\d+ Insufficient (?P<resource>[\w./-]+?)\.?(?:[\s,]|$)"), "warn",
                 _insufficient),
     Explanation("selector", re.compile(r"didn't match Pod's node affinity/selector"), "warn", _selector),
