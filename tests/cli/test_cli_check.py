@@ -313,3 +313,22 @@ def test_rules_lists_the_dra_part_of_the_policy() -> None:
     assert ('  gpu-type t4 -> gpu.nvidia.com: device.attributes["gpu.nvidia.com"].productName.lowerAscii()'
             '.contains("t4")') in out
     assert "DRA: adminAccess allowed in:" in out
+
+
+def test_check_nodes_reads_the_devices_of_one_kubectl_list(tmp_path: Path) -> None:
+    """`kubectl get nodes,resourceslices,deviceclasses -o yaml` in one List: a template no device can satisfy is
+    warned, and the default t4 selector, which the H200's slice does not match, is held back."""
+    dra = REPO / "tests" / "data" / "dra"
+    items = [json.loads((REAL / "node-h200.json").read_text()),
+             json.loads((dra / "resourceslice-nvidia-h200-composed.json").read_text()),
+             json.loads((dra / "deviceclass-gpu.nvidia.com.json").read_text())]
+    nodes = tmp_path / "cluster.yaml"
+    nodes.write_text(yaml.safe_dump({"apiVersion": "v1", "kind": "List", "items": items}))
+    _, results = as_json(m("dra-claim-templates.yaml"), "--nodes", str(nodes))
+    ok = next(r for r in results if r["name"] == "ok")
+    assert any(w.startswith("[gpu-class-skipped] gpu-type t4 (from the defaults) not applied") and
+               "productName NVIDIA H200 (1 node, 1 device)" in w for w in ok["warnings"]), ok["warnings"]
+    assert ok["patch"] == []
+    big = next(r for r in results if r["name"] == "big")
+    assert any(w.startswith('[dra-unsatisfiable] ResourceClaimTemplate "big"') and
+               "the cluster has productName NVIDIA H200 (1 node, 1 device)" in w for w in big["warnings"])

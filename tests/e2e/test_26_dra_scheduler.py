@@ -58,7 +58,13 @@ def _slice(node: str) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def devices(cluster: Cluster) -> Iterator[None]:
-    """NVIDIA's DeviceClass and the kwok nodes' slices, in the webhook's inventory; removed afterwards."""
+    """NVIDIA's DeviceClass and the kwok nodes' slices, in the webhook's inventory; removed afterwards, and gone
+    from the inventory before the next module runs (whose own counts must not move under it)."""
+
+    def held_now() -> dict[str, int]:
+        return dict(webhook_readyz(cluster)["checks"]["inventory"]["dra"])  # slices, classes, claims
+
+    before = held_now()
     cluster.kubectl("apply", "-f", "-", input=yaml_of(DEVICE_CLASS))
     for node in POOLS:
         cluster.kubectl("apply", "-f", "-", input=yaml_of(_slice(node)))
@@ -74,6 +80,8 @@ def devices(cluster: Cluster) -> Iterator[None]:
         for node in POOLS:
             cluster.kubectl("delete", "resourceslice", f"{node}-{DRIVER}", "--ignore-not-found", check=False)
         cluster.kubectl("delete", "deviceclass", DRIVER, "--ignore-not-found", check=False)
+        # the claims go with the tests' namespaces, which are deleted in the background
+        wait_until(lambda: held_now() == before, 120, f"the webhook's inventory to be as before this module: {before}")
 
 
 def _request(count: int = 1, selector: str | None = None) -> dict[str, Any]:
