@@ -3,40 +3,22 @@ why no node can satisfy it (webhook/cluster/doctor.py's "DRA devices" step over 
 
 from __future__ import annotations
 
-import copy
-import json
-from pathlib import Path
 from typing import Any
 
 import pytest
+from support.dra import H100, gpu_slice, load
 
 from webhook.admission.loader import load_policy
 from webhook.cluster import doctor
 from webhook.policy import inventory
 from webhook.policy.dra_inventory import view_from_api
 
-DATA = Path(__file__).resolve().parents[1] / "data" / "dra"
-H100 = "NVIDIA H100 80GB HBM3"
 A100_SELECTOR = 'device.attributes["gpu.nvidia.com"].productName.lowerAscii().contains("a100")'
 H100_SELECTOR = 'device.attributes["gpu.nvidia.com"].productName.lowerAscii().contains("h100")'
 
 
-def load(name: str) -> Any:
-    return json.loads((DATA / name).read_text())
-
-
 def h100_slice(node: str, gpus: int) -> dict[str, Any]:
-    obj = load("resourceslice-nvidia-h200-composed.json")
-    template = obj["spec"]["devices"][0]
-    obj["spec"]["devices"] = []
-    for minor in range(gpus):
-        device = copy.deepcopy(template)
-        device["name"] = f"gpu-{minor}"
-        device["attributes"]["productName"] = {"string": H100}
-        obj["spec"]["devices"].append(device)
-    obj["metadata"]["name"] = f"{node}-gpu.nvidia.com"
-    obj["spec"].update(nodeName=node, pool={"name": node})
-    return obj
+    return gpu_slice(node, H100, gpus)
 
 
 def template(name: str, selector: str, count: int = 1) -> dict[str, Any]:

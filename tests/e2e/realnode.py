@@ -73,24 +73,23 @@ class RealNodeUnavailable(ClusterError):
     """The machine cannot run the real node (not root, a missing package, another real node running)."""
 
 
-def build_node_binaries() -> Path:
-    """Run build_node.sh (seconds when warm) and return the bin directory it prints."""
+def _built(script: Path) -> Path:
+    """Run a build script (seconds when warm) and return the bin directory it prints last."""
     try:
-        done = subprocess.run(["bash", str(BUILD_NODE_SCRIPT)], check=True, capture_output=True, text=True)
+        done = subprocess.run(["bash", str(script)], check=True, capture_output=True, text=True)
     except subprocess.CalledProcessError as exc:
-        raise RealNodeUnavailable(f"{BUILD_NODE_SCRIPT} failed with exit {exc.returncode}:\n"
-                                  f"{tail(exc.stderr)}") from exc
+        raise RealNodeUnavailable(f"{script} failed with exit {exc.returncode}:\n{tail(exc.stderr)}") from exc
     return Path(done.stdout.strip().splitlines()[-1])
+
+
+def build_node_binaries() -> Path:
+    """build_node.sh: the kubelet, pause, the stand-in device plugin, the NVIDIA Container Runtime."""
+    return _built(BUILD_NODE_SCRIPT)
 
 
 def build_containerd_binaries() -> Path:
-    """Run build_containerd.sh (containerd 2.x, for CDI; seconds when warm) and return its bin directory."""
-    try:
-        done = subprocess.run(["bash", str(BUILD_CONTAINERD_SCRIPT)], check=True, capture_output=True, text=True)
-    except subprocess.CalledProcessError as exc:
-        raise RealNodeUnavailable(f"{BUILD_CONTAINERD_SCRIPT} failed with exit {exc.returncode}:\n"
-                                  f"{tail(exc.stderr)}") from exc
-    return Path(done.stdout.strip().splitlines()[-1])
+    """build_containerd.sh: containerd 2.x, for CDI."""
+    return _built(BUILD_CONTAINERD_SCRIPT)
 
 
 # --------------------------------------------------------------------------------------------- OCI images

@@ -4,13 +4,11 @@ satisfy, judged against the DRA inventory with the packaged rules (t4 is the def
 
 from __future__ import annotations
 
-import copy
-import json
-from pathlib import Path
 from typing import Any
 
 import jsonpatch
 import pytest
+from support.dra import H100, NVIDIA, T4, gpu_slice, load
 
 from webhook.admission.loader import load_policy
 from webhook.policy import inventory
@@ -19,34 +17,8 @@ from webhook.policy.engine import Context, evaluate
 from webhook.policy.findings import Verdict
 from webhook.policy.patch import operations
 
-DATA = Path(__file__).resolve().parents[1] / "data" / "dra"
-NVIDIA = "gpu.nvidia.com"
-H100 = "NVIDIA H100 80GB HBM3"
-T4 = "Tesla T4"
-A100 = "NVIDIA A100-SXM4-80GB"
-
-
-def load(name: str) -> Any:
-    return json.loads((DATA / name).read_text())
-
-
-def gpu_slice(node: str, product: str, gpus: int, memory: str = "81559Mi") -> dict[str, Any]:
-    """A slice shaped like NVIDIA's driver's (the composed H200 fixture), `gpus` devices of `product` on `node`."""
-    obj = load("resourceslice-nvidia-h200-composed.json")
-    template = obj["spec"]["devices"][0]
-    devices = []
-    for minor in range(gpus):
-        device = copy.deepcopy(template)
-        device["name"] = f"gpu-{minor}"
-        device["attributes"]["productName"] = {"string": product}
-        device["capacity"]["memory"] = {"value": memory}
-        devices.append(device)
-    obj["metadata"]["name"] = f"{node}-{NVIDIA}"
-    obj["spec"].update(nodeName=node, devices=devices, pool={"name": node})
-    return obj
-
-
-SLICES = [gpu_slice("h100-0", H100, 8), gpu_slice("h100-1", H100, 8), gpu_slice("t4-0", T4, 4, "15Gi")]
+SLICES = [gpu_slice("h100-0", H100, 8, memory="81559Mi"), gpu_slice("h100-1", H100, 8, memory="81559Mi"),
+          gpu_slice("t4-0", T4, 4, memory="15Gi")]
 CLASSES = [load("deviceclass-gpu.nvidia.com.json")]
 
 

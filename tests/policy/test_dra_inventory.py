@@ -3,41 +3,14 @@ parsed field by field, indexed by driver, node and attribute, and the questions 
 
 from __future__ import annotations
 
-import copy
-import json
-from pathlib import Path
 from typing import Any
 
 import pytest
+from support.dra import H100, NVIDIA, T4, gpu_slice, load
 
 from webhook.policy import dra_inventory as dra
 from webhook.policy.device_selectors import DeviceQuery
 from webhook.policy.dra_inventory import Alternative, ClaimRequest, DraIndex
-
-DATA = Path(__file__).resolve().parents[1] / "data" / "dra"
-NVIDIA = "gpu.nvidia.com"
-H100 = "NVIDIA H100 80GB HBM3"
-T4 = "Tesla T4"
-
-
-def load(name: str) -> Any:
-    return json.loads((DATA / name).read_text())
-
-
-def gpu_slice(node: str, product: str, gpus: int, driver: str = NVIDIA, name: str = "") -> dict[str, Any]:
-    """A slice shaped like the H200 fixture's, for `gpus` devices of `product` on `node`."""
-    obj = load("resourceslice-nvidia-h200-composed.json")
-    template = obj["spec"]["devices"][0]
-    devices = []
-    for minor in range(gpus):
-        device = copy.deepcopy(template)
-        device["name"] = f"gpu-{minor}"
-        device["attributes"]["productName"] = {"string": product}
-        devices.append(device)
-    obj["metadata"]["name"] = name or f"{node}-{driver}"
-    obj["spec"].update(driver=driver, nodeName=node, devices=devices, pool={"name": node})
-    return obj
-
 
 # --------------------------------------------------------------------------------------------- parsing
 
