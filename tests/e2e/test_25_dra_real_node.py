@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -244,3 +245,35 @@ def test_a_class_selector_no_device_matches_stays_pending(cluster: Cluster, name
     pod = _get(cluster, namespace, "pod", "dra-a100") or {}
     assert pod["status"]["phase"] == "Pending" and not pod["spec"].get("nodeName")
     assert _allocated(_claim_of(cluster, namespace, "dra-a100")) == []
+
+
+def test_a_claim_prepared_while_the_plugin_is_down_is_unprepared_when_it_comes_back(
+        cluster: Cluster, namespace: str, real_node: RealNode, dra_plugin: Plugin) -> None:
+    """Part 4's fault case: the plugin stops while a claim is prepared and the Pod is deleted; the kubelet cannot
+    unprepare it (the CDI spec stays, the Pod is not gone). Restarted, the plugin unprepares it, the Pod and its claim
+    go, and the device is free again: a new Pod is allocated and runs."""
+    _create(cluster, namespace, _template("one-gpu"))
+    _create(cluster, namespace, _pod("before", "one-gpu"))
+    _running(cluster, namespace, "before", dra_plugin, real_node)
+    claim = _claim_of(cluster, namespace, "before")
+    spec_name = f"{DRIVER}-standin-{claim['metadata']['uid']}.json"
+    assert spec_name in dra_plugin.specs()
+
+    dra_plugin.stop()
+    cluster.kubectl("delete", "pod", "before", "-n", namespace, "--wait=false")
+    time.sleep(15)  # the kubelet stops the container and tries to unprepare, without a plugin to ask
+    assert spec_name in dra_plugin.specs(), "the claim was unprepared without the plugin"
+    still = _get(cluster, namespace, "pod", "before")
+    kept = _get(cluster, namespace, "resourceclaim", claim["metadata"]["name"]) is not None
+    print(f"plugin down: Pod {'still there' if still else 'gone'}; claim {'kept' if kept else 'gone'}")
+    assert still is not None and still["metadata"].get("deletionTimestamp"), "the Pod went before it was unprepared"
+
+    dra_plugin.start()
+    wait_until(lambda: spec_name not in dra_plugin.specs(), 90, "the restarted plugin to unprepare the claim")
+    wait_until(lambda: _get(cluster, namespace, "pod", "before") is None, 90, "the Pod to go once unprepared")
+    wait_until(lambda: _get(cluster, namespace, "resourceclaim", claim["metadata"]["name"]) is None, 60,
+               "the Pod's claim to be deleted")
+    _create(cluster, namespace, _pod("after", "one-gpu"))
+    _running(cluster, namespace, "after", dra_plugin, real_node)
+    ((driver, pool, _),) = _allocated(_claim_of(cluster, namespace, "after"))
+    assert (driver, pool) == (DRIVER, NODE_NAME)
