@@ -332,3 +332,9 @@ def test_check_nodes_reads_the_devices_of_one_kubectl_list(tmp_path: Path) -> No
     big = next(r for r in results if r["name"] == "big")
     assert any(w.startswith('[dra-unsatisfiable] ResourceClaimTemplate "big"') and
                "the cluster has productName NVIDIA H200 (1 node, 1 device)" in w for w in big["warnings"])
+
+
+def test_a_cluster_scoped_object_is_shown_without_a_namespace() -> None:
+    result = check("-", stdin="apiVersion: v1\nkind: Namespace\nmetadata: {name: gpu-test1}\n")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("ALLOWED Namespace gpu-test1 (<stdin>:1)"), result.stdout

@@ -149,13 +149,23 @@ def _describe_nodes(policy: Policy, name: str, dump: checking.NodeDump) -> str:
     return "\n".join(lines) + "\n"
 
 
+# Kinds with no namespace, shown by name alone (the API server ignores a namespace given for them).
+CLUSTER_SCOPED = frozenset({
+    "Namespace", "Node", "RuntimeClass", "DeviceClass", "ResourceSlice", "PriorityClass", "StorageClass",
+    "PersistentVolume", "ClusterRole", "ClusterRoleBinding", "CustomResourceDefinition",
+    "MutatingWebhookConfiguration", "ValidatingWebhookConfiguration", "MutatingAdmissionPolicy",
+    "MutatingAdmissionPolicyBinding", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding",
+})
+
+
 def _print_human(policy: Policy, results: Sequence[checking.Result], out: TextIO) -> None:
     denied = sum(not r.verdict.allowed for r in results)
     for r in results:
         status = "DENIED " if not r.verdict.allowed else ("WARN   " if r.verdict.warnings else "ALLOWED")
         gpu = f", {r.verdict.gpus} GPU" if r.verdict.gpus else ""
         gpu += f", class {r.verdict.gpu_class}" if r.verdict.gpu_class else ""
-        out.write(f"{status} {r.kind} {r.namespace}/{r.name} ({r.manifest.where()}{gpu})\n")
+        where = r.name if r.kind in CLUSTER_SCOPED else f"{r.namespace}/{r.name}"
+        out.write(f"{status} {r.kind} {where} ({r.manifest.where()}{gpu})\n")
         for line in r.verdict.choices:
             out.write(f"  class: {line}\n")
         for finding in r.verdict.violations:
