@@ -23,7 +23,7 @@ from support.cluster_api import (
 )
 from support.kube_replay import Hang, Json, ReplayServer, Stream, event, expired, status
 
-from webhook.cluster import kube
+from webhook.cluster import kube, reads
 
 
 def allocatable(inventory: kube.ClusterInventory, name: str) -> dict[str, int] | None:
@@ -52,7 +52,7 @@ def test_kubeconfig_like_kubectl(server: ReplayServer, tmp_path: Path) -> None:
     with pytest.raises(kube.KubeError, match="cannot load"):
         kube.api_client(str(tmp_path / "missing.yaml"), environ={})
     serve_cluster(server)
-    kube.read_snapshot(explicit)
+    reads.read_snapshot(explicit)
     assert server.seen(NAMESPACES)[0].headers["authorization"] == "Bearer replay-token"
     for api in (explicit, from_env):
         api.close()

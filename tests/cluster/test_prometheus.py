@@ -20,7 +20,7 @@ import pytest
 
 from webhook.cli import usage as usage_cli
 from webhook.cli.main import main
-from webhook.cluster import kube, prometheus
+from webhook.cluster import kube, prometheus, reads
 from webhook.policy import usage
 
 Answer = tuple[int, str, bytes]
@@ -156,7 +156,7 @@ def no_cluster(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
          "spec": {"containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}}]
     monkeypatch.setattr(kube, "api_client", lambda *a, **k: object())
     monkeypatch.setattr(kube, "context_namespace", lambda *a, **k: "ml")
-    monkeypatch.setattr(kube, "read_workloads", lambda api, namespace: pods)
+    monkeypatch.setattr(reads, "read_workloads", lambda api, namespace: pods)
     monkeypatch.delenv("GPU_WEBHOOK_PROMETHEUS", raising=False)
     return pods
 

@@ -63,19 +63,19 @@ def _fail(command: str, message: str) -> int:
 
 
 def run_audit(args: argparse.Namespace) -> int:
-    from webhook.cluster import kube  # imported on use: `gpu-webhook serve` builds this parser too
+    from webhook.cluster import kube, reads  # imported on use: `gpu-webhook serve` builds this parser too
 
     policy = load_policy(resolve_rules(args.rules))
     try:
         api = kube.api_client(args.kubeconfig, context=args.context)
         namespace = None if args.all_namespaces else (args.namespace or kube.context_namespace(args.kubeconfig,
                                                                                               args.context))
-        objects = kube.read_workloads(api, namespace)
-        claims, notes = kube.read_claims(api, namespace)
+        objects = reads.read_workloads(api, namespace)
+        claims, notes = reads.read_claims(api, namespace)
         for note in notes:
             print(f"gpu-webhook audit: note: {note}", file=sys.stderr)
         try:
-            snapshot = kube.read_snapshot(api)
+            snapshot = reads.read_snapshot(api)
         except kube.KubeError as err:
             if err.status != 403:
                 raise
@@ -100,14 +100,14 @@ def run_audit(args: argparse.Namespace) -> int:
 
 
 def run_doctor(args: argparse.Namespace) -> int:
-    from webhook.cluster import kube  # imported on use: `gpu-webhook serve` builds this parser too
+    from webhook.cluster import kube, reads  # imported on use: `gpu-webhook serve` builds this parser too
 
     policy = load_policy(resolve_rules(args.rules))
     name = args.pod.split("/", 1)[1] if args.pod.lower().startswith(("pod/", "pods/")) else args.pod
     try:
         api = kube.api_client(args.kubeconfig, context=args.context)
         namespace = args.namespace or kube.context_namespace(args.kubeconfig, args.context)
-        facts = kube.read_doctor_facts(api, namespace, name)
+        facts = reads.read_doctor_facts(api, namespace, name)
     except kube.KubeError as err:
         return _fail("doctor", str(err))
     if facts is None:

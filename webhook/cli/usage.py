@@ -122,7 +122,7 @@ def _present_now(prom: prometheus.Prometheus) -> str:
 
 
 def run_usage(args: argparse.Namespace) -> int:
-    from webhook.cluster import kube  # imported on use: `gpu-webhook serve` builds this parser too
+    from webhook.cluster import kube, reads  # imported on use: `gpu-webhook serve` builds this parser too
 
     policy = load_policy(resolve_rules(args.rules))
     url = prometheus_url(args, policy)
@@ -143,7 +143,7 @@ def run_usage(args: argparse.Namespace) -> int:
         api = kube.api_client(args.kubeconfig, context=args.context)
         namespace = None if args.all_namespaces else (args.namespace or kube.context_namespace(args.kubeconfig,
                                                                                               args.context))
-        report = measure(args, policy, url, kube.read_workloads(api, namespace), namespace)
+        report = measure(args, policy, url, reads.read_workloads(api, namespace), namespace)
     except kube.KubeError as err:
         return _fail(str(err))
     except Failure as err:

@@ -1,6 +1,6 @@
 """`gpu-webhook audit`: what is already running, judged by the current (or a proposed) rule directory.
 
-Pure: the objects come in as JSON (from `webhook.cluster.kube.read_workloads` and `read_claims`), the inventory as a
+Pure: the objects come in as JSON (from `webhook.cluster.reads.read_workloads` and `read_claims`), the inventory as a
 Snapshot. ResourceClaimTemplates and ResourceClaims are judged as at their create (a claim the controller or the
 scheduler made for a Pod is skipped: its template or Pod speaks for it).
 Each object goes through `checking.decide`, the admission server's own path, as a CREATE. Workloads are

@@ -4,7 +4,7 @@
 evidence: what the Pod asks for, which nodes advertise it, whether the device plugin runs on the GPU nodes,
 which nodes match the Pod's selector and tolerate its taints and how many GPUs they have free, where the Pod
 landed, its events (and its owners'), its RuntimeClass, and what this webhook decides for it. The reads are
-in `webhook.cluster.kube.read_doctor_facts`; nothing here touches the network.
+in `webhook.cluster.reads.read_doctor_facts`; nothing here touches the network.
 
 A step is `ok`, `info`, `warn` or `fail`; any `fail` is where the Pod's path breaks.
 

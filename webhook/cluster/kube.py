@@ -9,8 +9,8 @@
   a relist; every `resync_seconds` it relists anyway. `snapshot()` never waits on the API server: it
   returns the last state, with `synced` False until every initial list has succeeded or when the API server
   has not answered for longer than `stale_seconds`.
-- `read_snapshot`, `read_workloads`, `read_doctor_facts`: the reads of `audit` and `doctor`, returning plain
-  JSON (kind and apiVersion set on list items) for the pure `webhook.cluster.audit` and `webhook.cluster.doctor`.
+- `list_all`, `describe_error`, `sources`: what the one-shot reads of `audit` and `doctor` (`webhook.cluster.reads`)
+  share with the inventory.
 
 The watch loop is written here rather than with `kubernetes.watch.Watch`: that helper retries a 410 once
 from the same stale resourceVersion and, with `deserialize=False`, fails on ERROR events; this one relists.
@@ -36,7 +36,6 @@ from kubernetes.client.exceptions import ApiException
 from kubernetes.config.config_exception import ConfigException
 from kubernetes.watch.watch import iter_resp_lines
 
-from webhook.cluster.doctor import Facts
 from webhook.policy import dra_inventory, inventory, node_index
 from webhook.policy.dra_inventory import DraIndex, DraView
 from webhook.policy.inventory import Snapshot
@@ -52,7 +51,7 @@ IN_CLUSTER_TOKEN = Path("/var/run/secrets/kubernetes.io/serviceaccount/token")
 CONNECT_TIMEOUT = 5.0
 READ_TIMEOUT = 30.0
 PAGE = 500
-_NETWORK_ERRORS = (urllib3.exceptions.HTTPError, OSError, ValueError)
+NETWORK_ERRORS = (urllib3.exceptions.HTTPError, OSError, ValueError)
 
 
 class KubeError(Exception):
@@ -133,7 +132,7 @@ def describe_error(err: BaseException, host: str = "") -> KubeError:
     return KubeError(f"cannot reach the API server{' at ' + host if host else ''}: {type(err).__name__}: {err}")
 
 
-def _json_call(call: ListCall, **kwargs: Any) -> Json:
+def json_call(call: ListCall, **kwargs: Any) -> Json:
     """Call an API function without the client's models and return the JSON body."""
     response = call(_preload_content=False, _request_timeout=(CONNECT_TIMEOUT, READ_TIMEOUT), **kwargs)
     try:
@@ -152,7 +151,7 @@ def list_all(call: ListCall, kind: str, api_version: str, *, parse: Callable[[Js
     items: list[Any] = []
     token: str | None = None
     while True:
-        page = _json_call(call, limit=PAGE, **({"_continue": token} if token else {}), **kwargs)
+        page = json_call(call, limit=PAGE, **({"_continue": token} if token else {}), **kwargs)
         for item in page.get("items") or []:
             if isinstance(item, dict):
                 item = {"kind": kind, "apiVersion": api_version, **item}
@@ -182,7 +181,7 @@ _QUERY_NAMES = {"watch": "watch", "resource_version": "resourceVersion", "allow_
                 "timeout_seconds": "timeoutSeconds", "limit": "limit", "_continue": "continue"}
 
 
-def _collection(api: k8s.ApiClient, path: str) -> ListCall:
+def collection(api: k8s.ApiClient, path: str) -> ListCall:
     """A list (or, with watch=True, watch) of the collection at `path` with the ApiClient's host, credentials and
     TLS, without the client's generated API classes.
 
@@ -207,18 +206,18 @@ def _collection(api: k8s.ApiClient, path: str) -> ListCall:
 
 def _dra(api: k8s.ApiClient, plural: str) -> tuple[tuple[str, ListCall], ...]:
     """A cluster-wide `resource.k8s.io` collection, newest version first."""
-    return tuple((f"resource.k8s.io/{version}", _collection(api, f"/apis/resource.k8s.io/{version}/{plural}"))
+    return tuple((f"resource.k8s.io/{version}", collection(api, f"/apis/resource.k8s.io/{version}/{plural}"))
                  for version in ("v1", "v1beta2", "v1beta1"))
 
 
 def sources(api: k8s.ApiClient) -> tuple[Source, ...]:
     claims = _dra(api, "resourceclaimtemplates")
     return (
-        Source("nodes", "Node", (("v1", _collection(api, "/api/v1/nodes")),), inventory.node_from_api),
-        Source("namespaces", "Namespace", (("v1", _collection(api, "/api/v1/namespaces")),),
+        Source("nodes", "Node", (("v1", collection(api, "/api/v1/nodes")),), inventory.node_from_api),
+        Source("namespaces", "Namespace", (("v1", collection(api, "/api/v1/namespaces")),),
                inventory.namespace_from_api),
         Source("runtimeclasses", "RuntimeClass",
-               (("node.k8s.io/v1", _collection(api, "/apis/node.k8s.io/v1/runtimeclasses")),),
+               (("node.k8s.io/v1", collection(api, "/apis/node.k8s.io/v1/runtimeclasses")),),
                inventory.runtime_class_from_api),
         Source("resourceclaimtemplates", "ResourceClaimTemplate", claims, inventory.claim_template_from_api,
                optional=True),
@@ -390,7 +389,7 @@ class ClusterInventory:
                 self._watch_until_resync(cache)
             except _Expired:
                 log.info("watch of %s expired (410 Gone): relisting", cache.source.name)
-            except (ApiException, *_NETWORK_ERRORS) as err:
+            except (ApiException, *NETWORK_ERRORS) as err:
                 if self._stop.is_set():
                     break
                 described = describe_error(err)
@@ -526,149 +525,6 @@ def inventory_from_env(environ: Mapping[str, str] | None = None, kubeconfig: str
     return ClusterInventory(api_client(kubeconfig, environ), **options)
 
 
-# --------------------------------------------------------------------------------------------- one-shot reads
-
-
-WORKLOADS: tuple[tuple[str, str, str], ...] = (
-    # (kind, apiVersion, API class method suffix)
-    ("Pod", "v1", "pod"),
-    ("Deployment", "apps/v1", "deployment"),
-    ("StatefulSet", "apps/v1", "stateful_set"),
-    ("DaemonSet", "apps/v1", "daemon_set"),
-    ("ReplicaSet", "apps/v1", "replica_set"),
-    ("Job", "batch/v1", "job"),
-    ("CronJob", "batch/v1", "cron_job"),
-)
-_SUFFIXES = {kind: suffix for kind, _, suffix in WORKLOADS}
-
-
-def _api_for(api: k8s.ApiClient, api_version: str) -> Any:
-    return {"v1": k8s.CoreV1Api, "apps/v1": k8s.AppsV1Api, "batch/v1": k8s.BatchV1Api}[api_version](api)
-
-
-def _lister(api: k8s.ApiClient, api_version: str, suffix: str, namespace: str | None) -> ListCall:
-    client_api = _api_for(api, api_version)
-    if namespace is None:
-        call: ListCall = getattr(client_api, f"list_{suffix}_for_all_namespaces")
-        return call
-    namespaced: ListCall = getattr(client_api, f"list_namespaced_{suffix}")
-    return lambda **kwargs: namespaced(namespace, **kwargs)
-
-
-def _host(api: k8s.ApiClient) -> str:
+def host_of(api: k8s.ApiClient) -> str:
+    """The API server's address, for messages."""
     return str(getattr(api.configuration, "host", ""))
-
-
-def read_snapshot(api: k8s.ApiClient) -> Snapshot:
-    """Nodes, runtime classes, namespaces, claim templates and the DRA objects, listed once (for `audit` and
-    `doctor`), each page parsed as it arrives; the nodes and the DRA objects indexed as the server's are."""
-    lists: dict[str, list[Any]] = {}
-    served: set[str] = set()
-    try:
-        for source in sources(api):
-            lists[source.name] = []
-            for api_version, call in source.versions:
-                try:
-                    lists[source.name] = list_all(call, source.kind, api_version, parse=source.parse)[0]
-                    served.add(source.name)
-                    break
-                except ApiException as err:
-                    if not (source.optional and err.status in (403, 404)):
-                        raise
-    except (ApiException, *_NETWORK_ERRORS) as err:
-        raise describe_error(err, _host(api)) from None
-    dra = DraIndex()
-    for kind in dra_inventory.KINDS:
-        dra.replace(kind, lists[kind], absent=kind not in served)
-    return inventory.snapshot_of(lists["nodes"], lists["runtimeclasses"], lists["namespaces"],
-                                 lists["resourceclaimtemplates"], dra=dra.view())
-
-
-def read_claims(api: k8s.ApiClient, namespace: str | None) -> tuple[list[Json], list[str]]:
-    """ResourceClaimTemplates and ResourceClaims of one namespace (or all), as JSON with kind and apiVersion
-    (`resource.k8s.io` v1, else v1beta2, else v1beta1), for `audit`; and a note for each kind the API server does
-    not serve or does not let this identity read (those are then not judged)."""
-    found: list[Json] = []
-    notes: list[str] = []
-    for kind, plural in (("ResourceClaimTemplate", "resourceclaimtemplates"), ("ResourceClaim", "resourceclaims")):
-        refused: ApiException | None = None
-        for version in ("v1", "v1beta2", "v1beta1"):
-            where = f"namespaces/{namespace}/" if namespace is not None else ""
-            call = _collection(api, f"/apis/resource.k8s.io/{version}/{where}{plural}")
-            try:
-                found.extend(list_all(call, kind, f"resource.k8s.io/{version}")[0])
-                refused = None
-                break
-            except ApiException as err:
-                if err.status not in (403, 404):
-                    raise describe_error(err, _host(api)) from None
-                refused = err if refused is None or err.status == 403 else refused
-            except _NETWORK_ERRORS as err:
-                raise describe_error(err, _host(api)) from None
-        if refused is not None:
-            notes.append(f"{plural} not judged: {describe_error(refused, _host(api))}")
-    return found, notes
-
-
-def read_workloads(api: k8s.ApiClient, namespace: str | None) -> list[Json]:
-    """Pods and workload objects of one namespace (or all), as JSON with kind and apiVersion."""
-    found: list[Json] = []
-    try:
-        for kind, api_version, suffix in WORKLOADS:
-            found.extend(list_all(_lister(api, api_version, suffix, namespace), kind, api_version)[0])
-    except (ApiException, *_NETWORK_ERRORS) as err:
-        raise describe_error(err, _host(api)) from None
-    return found
-
-
-def _read(api: k8s.ApiClient, kind: str, api_version: str, namespace: str, name: str) -> Json | None:
-    call = getattr(_api_for(api, api_version), f"read_namespaced_{_SUFFIXES[kind]}")
-    try:
-        obj = _json_call(call, name=name, namespace=namespace)
-    except ApiException as err:
-        if err.status == 404:
-            return None
-        raise
-    return {"kind": kind, "apiVersion": api_version, **obj}
-
-
-def _events(api: k8s.ApiClient, namespace: str, kind: str, name: str) -> list[Json]:
-    core = k8s.CoreV1Api(api)
-    return list_all(lambda **kw: core.list_namespaced_event(namespace, **kw), "Event", "v1",
-                    field_selector=f"involvedObject.kind={kind},involvedObject.name={name}")[0]
-
-
-OWNER_VERSIONS = {kind: api_version for kind, api_version, _ in WORKLOADS if kind != "Pod"}
-
-
-def read_doctor_facts(api: k8s.ApiClient, namespace: str, name: str) -> Facts | None:
-    """Everything `doctor` looks at for one Pod, or None when the Pod does not exist."""
-    try:
-        pod = _read(api, "Pod", "v1", namespace, name)
-        if pod is None:
-            return None
-        owners: list[Json] = []
-        current: Json = pod
-        for _ in range(3):  # Pod -> ReplicaSet -> Deployment, Pod -> Job -> CronJob
-            ref = next((r for r in (current.get("metadata") or {}).get("ownerReferences") or []
-                        if r.get("controller") and r.get("kind") in OWNER_VERSIONS), None)
-            if ref is None:
-                break
-            owner = _read(api, ref["kind"], OWNER_VERSIONS[ref["kind"]], namespace, ref["name"])
-            if owner is None:
-                break
-            owners.append(owner)
-            current = owner
-        events = _events(api, namespace, "Pod", name)
-        for owner in owners:
-            events.extend(_events(api, namespace, owner["kind"], owner["metadata"]["name"]))
-        apps = k8s.AppsV1Api(api)
-        daemonsets = list_all(apps.list_daemon_set_for_all_namespaces, "DaemonSet", "apps/v1")[0]
-        core = k8s.CoreV1Api(api)
-        running = list_all(core.list_pod_for_all_namespaces, "Pod", "v1",
-                           field_selector="status.phase!=Succeeded,status.phase!=Failed")[0]
-        snapshot = read_snapshot(api)
-    except (ApiException, *_NETWORK_ERRORS) as err:
-        raise describe_error(err, _host(api)) from None
-    return Facts(pod=pod, owners=tuple(owners), events=tuple(events), daemonsets=tuple(daemonsets),
-                 pods=tuple(running), snapshot=snapshot)
