@@ -204,10 +204,13 @@ def collection(api: k8s.ApiClient, path: str) -> ListCall:
     return call
 
 
+DRA_VERSIONS = ("v1", "v1beta2", "v1beta1")  # of resource.k8s.io, newest first
+
+
 def _dra(api: k8s.ApiClient, plural: str) -> tuple[tuple[str, ListCall], ...]:
     """A cluster-wide `resource.k8s.io` collection, newest version first."""
     return tuple((f"resource.k8s.io/{version}", collection(api, f"/apis/resource.k8s.io/{version}/{plural}"))
-                 for version in ("v1", "v1beta2", "v1beta1"))
+                 for version in DRA_VERSIONS)
 
 
 def sources(api: k8s.ApiClient) -> tuple[Source, ...]:

@@ -12,6 +12,7 @@ from kubernetes.client.exceptions import ApiException
 
 from webhook.cluster.doctor import Facts
 from webhook.cluster.kube import (
+    DRA_VERSIONS,
     NETWORK_ERRORS,
     Json,
     ListCall,
@@ -83,23 +84,23 @@ def read_claims(api: k8s.ApiClient, namespace: str | None) -> tuple[list[Json], 
     not serve or does not let this identity read (those are then not judged)."""
     found: list[Json] = []
     notes: list[str] = []
+    where = f"namespaces/{namespace}/" if namespace is not None else ""
     for kind, plural in (("ResourceClaimTemplate", "resourceclaimtemplates"), ("ResourceClaim", "resourceclaims")):
-        refused: ApiException | None = None
-        for version in ("v1", "v1beta2", "v1beta1"):
-            where = f"namespaces/{namespace}/" if namespace is not None else ""
+        refused: list[ApiException] = []
+        for version in DRA_VERSIONS:
             call = collection(api, f"/apis/resource.k8s.io/{version}/{where}{plural}")
             try:
                 found.extend(list_all(call, kind, f"resource.k8s.io/{version}")[0])
-                refused = None
                 break
             except ApiException as err:
                 if err.status not in (403, 404):
                     raise describe_error(err, host_of(api)) from None
-                refused = err if refused is None or err.status == 403 else refused
+                refused.append(err)
             except NETWORK_ERRORS as err:
                 raise describe_error(err, host_of(api)) from None
-        if refused is not None:
-            notes.append(f"{plural} not judged: {describe_error(refused, host_of(api))}")
+        else:  # no version served or readable: a refusal (403) says more than "not served" (404)
+            said = next((e for e in refused if e.status == 403), refused[0])
+            notes.append(f"{plural} not judged: {describe_error(said, host_of(api))}")
     return found, notes
 
 

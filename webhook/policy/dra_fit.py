@@ -16,6 +16,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 
 from webhook.policy.claims import Claim, DeviceAsk, shown
 from webhook.policy.device_selectors import DeviceQuery
@@ -60,15 +61,9 @@ def assess(claim: Claim, gpu_asks: Sequence[DeviceAsk], view: DraView, placed: P
                 findings.append(("gpu-class-skipped", _held_message(claim, ask, source, expression, view)))
             else:
                 kept.append(expression)
-    asks_by_request = {id(a): r for r in claim.requests for a in r.asks}
-    judged: set[int] = set()
-    for ask in gpu_asks:
-        request = asks_by_request.get(id(ask))
-        if request is None or id(request) in judged:
-            continue
-        judged.add(id(request))
-        if any(a not in gpu_asks for a in request.asks):
-            continue  # an alternative of another kind of device: not ours to judge
+    for request in claim.requests:
+        if not all(a in gpu_asks for a in request.asks):
+            continue  # no GPU ask, or an alternative of another kind of device: not ours to judge
         problems = []
         for alternative in request.asks:
             problem = _problem(claim, alternative, view, _carried(alternative, placed, held))
@@ -92,9 +87,19 @@ def _class_selectors(view: DraView, name: str) -> tuple[str, ...] | None:
     return found.selectors if found is not None else None
 
 
+@lru_cache(maxsize=1024)
+def _query(expressions: tuple[str, ...]) -> DeviceQuery | None:
+    """The query of selectors, read once per distinct list (a review asks the same ones several times)."""
+    return DeviceQuery.of(expressions)
+
+
+def _nodes_with(expressions: Sequence[str], count: int, view: DraView) -> DeviceSummary | None:
+    query = _query(tuple(expressions))
+    return view.nodes_with(query, count) if query is not None else None
+
+
 def _summary(ask: DeviceAsk, expressions: Sequence[str], view: DraView) -> DeviceSummary | None:
-    query = DeviceQuery.of(expressions)
-    return view.nodes_with(query, ask.count or 1) if query is not None else None
+    return _nodes_with(expressions, ask.count or 1, view)
 
 
 def _verdict(ask: DeviceAsk, expressions: Sequence[str], view: DraView) -> bool | None:
@@ -122,7 +127,8 @@ def _problem(claim: Claim, ask: DeviceAsk, view: DraView, carried: Sequence[str]
                 f"node has that many: {summary.devices} match, at most {summary.largest} on one node; a Pod using "
                 f"it stays Pending; ask for {summary.largest} or fewer, or split the work")
     return (f"{what} can be allocated on no node: no device of DeviceClass {ask.device_class} matches "
-            f"{selecting}, so a Pod using it stays Pending; the cluster has {_instead(view, own, carried)}; "
+            f"{selecting}, so a Pod using it stays Pending; the cluster has "
+            f"{_instead(view, ask.device_class, carried)}; "
             "change the selector or the claim's class label")
 
 
@@ -133,10 +139,11 @@ def _describe_selectors(own: Sequence[str], carried: Sequence[str]) -> str:
     return " and ".join(parts) or "any device (no selector)"
 
 
-def _instead(view: DraView, own: Sequence[str], carried: Sequence[str]) -> str:
+def _instead(view: DraView, device_class: str, carried: Sequence[str]) -> str:
     """What the devices of the class's drivers offer for the attributes the selectors read: values with how many
     nodes and devices have each (the most widespread first)."""
-    drivers = {d for e in own for d in _drivers(e)}
+    found = view.device_class(device_class)
+    own, drivers = (found.selectors, set(found.drivers)) if found is not None else ((), set())
     attributes = dict.fromkeys((m.group(2), m.group(3)) for e in carried for m in _ATTRIBUTE.finditer(e))
     said = []
     for domain, name in attributes:
@@ -149,32 +156,19 @@ def _instead(view: DraView, own: Sequence[str], carried: Sequence[str]) -> str:
                 said.append(f"{name} {listed}{more}")
     if said:
         return "; ".join(said)
-    matching = _summary_of(own, view)
+    matching = _nodes_with(own, 1, view)
     if matching is None or not matching.devices:
         return "no device of that DeviceClass at all (is its DRA driver running?)"
     return f"{matching.devices} devices of that DeviceClass on {matching.nodes} nodes"
 
 
-def _summary_of(own: Sequence[str], view: DraView) -> DeviceSummary | None:
-    query = DeviceQuery.of(own)
-    return view.nodes_with(query, 1) if query is not None else None
-
-
-_DRIVER = re.compile(r"""device\.driver\s*==\s*(["'])([^"'\\]+)\1""")
-
-
-def _drivers(expression: str) -> list[str]:
-    return [m.group(2) for m in _DRIVER.finditer(expression)]
-
-
 def _held_message(claim: Claim, ask: DeviceAsk, source: str, expression: str, view: DraView) -> str:
-    own = _class_selectors(view, ask.device_class) or ()
     need = ask.count or 1
     matching = "matches no device" if need == 1 else f"leaves no node with {need} devices"
     return (f"{source} (from the defaults) not applied to {claim.describe()} {ask.where()}: its selector "
             f"{shown(expression)} {matching} of DeviceClass {ask.device_class}, so the claim could never be "
-            f"allocated; the cluster has {_instead(view, own, [expression])}; label the claim, or change the "
-            "default in the rules")
+            f"allocated; the cluster has {_instead(view, ask.device_class, [expression])}; label the claim, or "
+            "change the default in the rules")
 
 
 def _joined(claim: Claim, name: str, problems: Sequence[str]) -> str:
