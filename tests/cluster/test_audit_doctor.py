@@ -3,6 +3,7 @@ replaying a small GPU cluster (tests/data/kube/); human and JSON output and the 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -10,12 +11,15 @@ from typing import Any
 
 import pytest
 import yaml
+from support.dra import H100, gpu_slice
+from support.dra import load as dra_load
 from support.kube_replay import DATA, Computed, Json, ReplayServer, Request, load
 
 from webhook.admission.loader import load_policy
 from webhook.cli import main as cli
 from webhook.cluster import doctor
 from webhook.policy import inventory
+from webhook.policy.dra_inventory import DraIndex, device_class_from_api, slice_from_api
 
 PROPOSED = DATA / "rules-proposed"
 # plural -> (URL prefix, fixture); a missing fixture is an empty list
@@ -451,3 +455,28 @@ def test_doctor_explains_real_texts(text: str, clues: doctor.Clues, status: str 
         return
     assert found is not None and found[0] == status
     assert meaning in found[1], found[1]
+
+
+def test_doctor_counts_the_dra_devices_that_serve_the_gpu_resource() -> None:
+    """KEP-5004: no device plugin on the node, but the DeviceClass that maps nvidia.com/gpu has devices there: the
+    resource is served, by DRA, and doctor says so instead of "not advertised"."""
+    node = real("node-h200.json")
+    node["status"]["allocatable"].pop(GPU)
+    device_class = {**dra_load("deviceclass-gpu.nvidia.com.json")}
+    device_class["spec"] = {**device_class["spec"], "extendedResourceName": GPU}
+    index = DraIndex()
+    index.replace("resourceslices", [slice_from_api(gpu_slice("kit-gpu-node", H100, 2))])
+    index.replace("deviceclasses", [device_class_from_api(device_class)])
+    snapshot = dataclasses.replace(real_snapshot(node), dra=index.view())
+    pod = {"kind": "Pod", "metadata": {"name": "p", "namespace": "default"},
+           "spec": {"containers": [{"name": "c", "resources": {"limits": {GPU: 1}}}]}}
+    report = doctor.diagnose(load_policy(), doctor.Facts(pod=pod, snapshot=snapshot))
+    advertised = next(s for s in report.steps if s.title == "Advertised")
+    assert advertised.status == "ok", advertised
+    assert advertised.evidence == (
+        "nvidia.com/gpu: no device plugin advertises it; DeviceClass gpu.nvidia.com serves it through DRA (its "
+        "extendedResourceName): 2 device(s) on 1 node(s): kit-gpu-node",)
+    plugin = next(s for s in report.steps if s.title == "Device plugin")
+    assert (plugin.status, plugin.summary) == ("info", "not needed for this Pod: DeviceClass gpu.nvidia.com serves "
+                                               "nvidia.com/gpu through DRA (its extendedResourceName); a device plugin "
+                                               "advertising it on a node would take it over there")

@@ -16,6 +16,7 @@ Needs root, like every real-node test; one real node per machine at a time.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import time
@@ -24,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from cluster import HERE, Cluster, Proc, spawn, wait_until, yaml_of
+from cluster import GPU, HERE, Cluster, Proc, spawn, wait_until, yaml_of
 from realnode import CUDA_IMAGE, GPU_UUIDS, NODE_NAME, RealNode
 
 pytestmark = pytest.mark.e2e
@@ -277,3 +278,105 @@ def test_a_claim_prepared_while_the_plugin_is_down_is_unprepared_when_it_comes_b
     _running(cluster, namespace, "after", dra_plugin, real_node)
     ((driver, pool, _),) = _allocated(_claim_of(cluster, namespace, "after"))
     assert (driver, pool) == (DRIVER, NODE_NAME)
+
+
+
+@contextlib.contextmanager
+def _class_maps_the_gpu_resource(cluster: Cluster) -> Iterator[None]:
+    """The DeviceClass maps `nvidia.com/gpu` (KEP-5004), as NVIDIA's chart sets it on `gpu.nvidia.com` with the v1
+    API; removed again after."""
+    cluster.kubectl("patch", "deviceclass", DEVICE_CLASS, "--type=merge", "-p",
+                    json.dumps({"spec": {"extendedResourceName": GPU}}))
+    try:
+        yield
+    finally:
+        cluster.kubectl("patch", "deviceclass", DEVICE_CLASS, "--type=json", "-p",
+                        json.dumps([{"op": "remove", "path": "/spec/extendedResourceName"}]), check=False)
+
+
+def _plain_pod(name: str, gpus: int, node_selector: dict[str, str] | None = None) -> dict[str, Any]:
+    """The seed's cuda-gpu-test as a user writes it (`limits: nvidia.com/gpu`, no claim), printing its environment."""
+    spec: dict[str, Any] = {
+        "restartPolicy": "Never", "terminationGracePeriodSeconds": 1,
+        "containers": [{"name": "cuda", "image": CUDA_IMAGE, "imagePullPolicy": "IfNotPresent",
+                        "command": ["sh", "-c", "env | sort; exec sleep 3600"],
+                        "resources": {"limits": {GPU: str(gpus)}}}]}
+    if node_selector:
+        spec["nodeSelector"] = node_selector
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": spec}
+
+
+def test_the_seeds_plain_pod_runs_on_a_dra_device_by_the_class_extended_resource(
+        cluster: Cluster, namespace: str, real_node: RealNode, dra_plugin: Plugin) -> None:
+    """Part 3 (KEP-5004, beta and on in 1.36): the DeviceClass maps `nvidia.com/gpu`, the real node runs no device
+    plugin, and the seed's plain Pod is placed by the webhook's class as ever (nodeSelector, toleration, runtime
+    class); the real scheduler makes the Pod's extended-resource claim and allocates a stand-in device, the plugin
+    prepares it, and the container's environment names that device only: the NVIDIA Container Runtime (the class's
+    runtimeClassName) injects none of the node's GPUs, because the claim's CDI spec sets NVIDIA_VISIBLE_DEVICES=void
+    over the CUDA image's `all`, as NVIDIA's driver does."""
+    real_node.stop_device_plugin()
+    assert real_node.gpus()[1] in (None, "0"), f"a device plugin advertises {GPU}: {real_node.gpus()}"
+    with _class_maps_the_gpu_resource(cluster):
+        stored, warnings = _create(cluster, namespace, _plain_pod("seed-on-dra", 1))
+        assert stored["spec"]["nodeSelector"] == {"workload": "inference", "gpu-type": "t4"}
+        assert {"key": GPU, "operator": "Exists", "effect": "NoSchedule"} in stored["spec"]["tolerations"]
+        assert stored["spec"]["runtimeClassName"] == "nvidia"
+        assert "gpu-webhook" not in warnings, warnings
+        pod = _running(cluster, namespace, "seed-on-dra", dra_plugin, real_node)
+        assert pod["spec"]["nodeName"] == NODE_NAME
+
+        extended = pod["status"]["extendedResourceClaimStatus"]
+        assert extended["requestMappings"] == [
+            {"containerName": "cuda", "requestName": "container-0-request-0", "resourceName": GPU}]
+        claim = _get(cluster, namespace, "resourceclaim", extended["resourceClaimName"])
+        assert claim is not None, extended
+        assert claim["metadata"]["annotations"]["resource.kubernetes.io/extended-resource-claim"] == "true"
+        assert [o["name"] for o in claim["metadata"]["ownerReferences"]] == ["seed-on-dra"]
+        ((driver, pool, device),) = _allocated(claim)
+        assert (driver, pool) == (DRIVER, NODE_NAME), _allocated(claim)
+        spec_name = f"{DRIVER}-standin-{claim['metadata']['uid']}.json"
+        assert spec_name in dra_plugin.specs()
+
+        log = str(wait_until(lambda: cluster.kubectl("logs", "seed-on-dra", "-n", namespace).stdout, 30, "the log"))
+        print(f"container log of {namespace}/seed-on-dra:\n{log}")
+        lines = log.splitlines()
+        prefix = f"DRA_STANDIN_{device.upper().replace('-', '_')}"
+        assert f"{prefix}_UUID={GPU_UUIDS[int(device[-1])]}" in lines
+        assert f"{prefix}_CLAIM={namespace}/{claim['metadata']['name']}/container-0-request-0" in lines
+        assert len([line for line in lines if line.startswith("DRA_STANDIN_") and "_UUID=" in line]) == 1
+        assert "NVIDIA_VISIBLE_DEVICES=void" in lines
+        leaked = [line for line in lines if line.startswith("NVIDIA_STANDIN_GPU_")]
+        assert leaked == [], f"the NVIDIA runtime injected GPUs the scheduler did not allocate: {leaked}"
+
+        cluster.kubectl("delete", "pod", "seed-on-dra", "-n", namespace, "--wait=true", timeout=120)
+        wait_until(lambda: spec_name not in dra_plugin.specs(), 60, "the plugin to unprepare the claim")
+        wait_until(lambda: _get(cluster, namespace, "resourceclaim", claim["metadata"]["name"]) is None, 60,
+                   "the extended-resource claim to be deleted with its Pod")
+
+
+def test_the_webhook_counts_the_dra_devices_that_serve_the_gpu_resource(
+        cluster: Cluster, namespace: str, real_node: RealNode, dra_plugin: Plugin) -> None:
+    """With no device plugin on the node the Pod pins itself to, the webhook counts the DeviceClass's devices there
+    (the stand-in's two): one GPU is admitted without the class-no-node warning it gave before it read the mapping,
+    three are refused as never schedulable, naming the node's DRA devices."""
+    real_node.stop_device_plugin()
+    pinned = {"kubernetes.io/hostname": NODE_NAME}
+    without = cluster.kubectl("create", "-n", namespace, "--dry-run=server", "-f", "-",
+                              input=yaml_of(_plain_pod("pinned", 1, pinned))).stderr
+    print(f"no mapping yet: {without!r}")
+    assert "[gpu-class-no-node]" in without, without
+    with _class_maps_the_gpu_resource(cluster):
+        def quiet() -> bool:
+            done = cluster.kubectl("create", "-n", namespace, "--dry-run=server", "-f", "-",
+                                   input=yaml_of(_plain_pod("pinned", 1, pinned)))
+            return "[gpu-class-no-node]" not in done.stderr
+        wait_until(quiet, 30, "the webhook to read the DeviceClass's extendedResourceName", interval=0.5)
+        _, warnings = _create(cluster, namespace, _plain_pod("pinned", 1, pinned))
+        assert "gpu-webhook" not in warnings, warnings
+        _running(cluster, namespace, "pinned", dra_plugin, real_node)
+
+        done = cluster.kubectl("create", "-n", namespace, "-f", "-", check=False,
+                               input=yaml_of(_plain_pod("three", 3, pinned)))
+        print(f"three GPUs: {done.stderr}")
+        assert done.returncode == 1 and "[gpu-never-schedulable]" in done.stderr, done.stderr
+        assert f"offers is 2 ({NODE_NAME}: devices of DeviceClass {DEVICE_CLASS}, through DRA)" in done.stderr

@@ -11,10 +11,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support.dra import T4, gpu_slice
+from support.dra import load as dra_load
 
 from webhook.admission.loader import load_policy
 from webhook.admission.review import sanitize_warning
 from webhook.policy import inventory
+from webhook.policy.dra_inventory import DraIndex, device_class_from_api, slice_from_api, view_from_api
 from webhook.policy.engine import Context, evaluate
 from webhook.policy.findings import Verdict
 from webhook.policy.inventory import Node, Snapshot, Taint
@@ -375,6 +378,96 @@ def test_dra_pod_without_inventory_is_unchanged() -> None:
     assert judge(obj, None) == evaluate(POLICY, copy.deepcopy(obj), Context("ml-research"))
     assert judge(obj, None).edits == ()
     assert judge(obj, snap("t4-1", synced=False)).edits == (), "unknown templates: not a GPU Pod"
+
+
+# --------------------------------------------------------------------------------------------- KEP-5004
+
+# T4 nodes with no device plugin: their GPUs are a DRA driver's devices (the H200 fixture's shape, product T4).
+DRA_ONLY = tuple(dataclasses.replace(NODES["t4-1"], name=f"t4-dra-{i}", allocatable={}) for i in (1, 2))
+UNMAPPED = dra_load("deviceclass-gpu.nvidia.com.json")
+MAPPING = {**UNMAPPED, "metadata": {"name": "gpu.nvidia.com", "creationTimestamp": "2026-11-02T10:00:00Z"},
+           "spec": {**UNMAPPED["spec"], "extendedResourceName": "nvidia.com/gpu"}}
+
+
+def dra_snap(*nodes: Node, slices: tuple[dict[str, Any], ...], classes: tuple[dict[str, Any], ...] = (MAPPING,),
+             **changes: Any) -> Snapshot:
+    """`nodes` and these DRA objects, both kinds listed (as from a server that serves them, however few)."""
+    index = DraIndex()
+    index.replace("resourceslices", map(slice_from_api, slices))
+    index.replace("deviceclasses", map(device_class_from_api, classes))
+    return snap(nodes=nodes, dra=index.view(), **changes)
+
+
+DRA_SLICES = (gpu_slice("t4-dra-1", T4, 2), gpu_slice("t4-dra-2", T4, 1))
+
+
+@pytest.mark.parametrize(
+    ("obj", "snapshot", "expected"),
+    [
+        pytest.param(pod(2), dra_snap(*DRA_ONLY, slices=DRA_SLICES), [], id="served-by-dra"),
+        pytest.param(pod(1, resource="deviceclass.resource.kubernetes.io/gpu.nvidia.com"),
+                     dra_snap(*DRA_ONLY, slices=DRA_SLICES, classes=(UNMAPPED,)), [], id="implicit-name"),
+        pytest.param(pod(3), dra_snap(*DRA_ONLY, slices=DRA_SLICES),
+                     ["[gpu-never-schedulable] the Pod asks for 3 nvidia.com/gpu but the most any Ready node of class "
+                      "workload=inference,gpu-type=t4 (nodeSelector gpu-type=t4, workload=inference) offers is 2 "
+                      "(t4-dra-1: devices of DeviceClass gpu.nvidia.com, through DRA): it would stay Pending (cannot "
+                      "allocate all claims) forever; ask for at most 2 per Pod, or split the work across Pods"],
+                     id="more-than-a-node-has"),
+        pytest.param(pod(2), snap("t4-1", nodes=DRA_ONLY, dra=view_from_api(DRA_SLICES, (MAPPING,))), [],
+                     id="device-plugin-node-too-small-dra-node-fits"),
+        pytest.param(pod(2), dra_snap(*DRA_ONLY, slices=DRA_SLICES, classes=(UNMAPPED,)),
+                     ["[gpu-class-no-node] class workload=inference,gpu-type=t4 (nodeSelector gpu-type=t4, "
+                      "workload=inference) matches no Ready node that advertises nvidia.com/gpu, so the Pod would "
+                      "stay Pending: no node in the cluster advertises nvidia.com/gpu in allocatable"],
+                     id="class-maps-nothing"),
+        pytest.param(pod(1), dra_snap(*DRA_ONLY, slices=()),
+                     ["[gpu-class-no-node] class workload=inference,gpu-type=t4 (nodeSelector gpu-type=t4, "
+                      "workload=inference) matches no Ready node that advertises nvidia.com/gpu or has devices of "
+                      "DeviceClass gpu.nvidia.com (which serves nvidia.com/gpu through DRA), so the Pod would stay "
+                      "Pending: no Ready node it selects and tolerates has a device of DeviceClass gpu.nvidia.com in a "
+                      "ResourceSlice; check that the DRA driver runs on the class's nodes"],
+                     id="no-slices"),
+        pytest.param(pod(1, labels=TRAINING), dra_snap(*DRA_ONLY, slices=DRA_SLICES),
+                     ["[gpu-class-no-node]"], id="devices-on-nodes-of-another-class"),
+        pytest.param(pod(1), dra_snap(*(dataclasses.replace(n, ready=False) for n in DRA_ONLY), slices=DRA_SLICES),
+                     ["[gpu-class-no-node]"], id="dra-nodes-not-ready"),
+        pytest.param(pod(1), dra_snap(*(dataclasses.replace(n, taints=(Taint("dedicated", "x", "NoSchedule"),))
+                                        for n in DRA_ONLY), slices=DRA_SLICES),
+                     ["[gpu-class-no-node]"], id="dra-nodes-tainted"),
+        pytest.param(pod(1), dra_snap(*(dataclasses.replace(n, allocatable={"nvidia.com/gpu": 1}) for n in DRA_ONLY),
+                                      slices=(gpu_slice("t4-dra-1", T4, 4),)), [], id="device-plugin-node-fits"),
+        pytest.param(pod(2), dra_snap(*(dataclasses.replace(n, allocatable={"nvidia.com/gpu": 1}) for n in DRA_ONLY),
+                                      slices=(gpu_slice("t4-dra-1", T4, 4),)),
+                     ["offers 1 (t4-dra-2; 2 nodes match)"], id="a-device-plugin-node-never-hands-it-to-dra"),
+        pytest.param(pod(1), snap(nodes=DRA_ONLY, dra=view_from_api(DRA_SLICES, ())),
+                     ["[gpu-class-no-node]"], id="device-classes-not-listed"),
+    ],
+)
+def test_gpus_served_by_dra_through_the_class_extended_resource(obj: dict[str, Any], snapshot: Snapshot,
+                                                                 expected: list[str]) -> None:
+    """KEP-5004: a node without the resource in allocatable hands it to the DeviceClass that maps it, so its matching
+    devices count for the capacity checks; a node with a device plugin for it never does."""
+    found = inventory_findings(judge(obj, snapshot))
+    assert len(found) == len(expected), found
+    for got, want in zip(found, expected, strict=True):
+        assert want in got
+
+
+@pytest.mark.parametrize(
+    ("classes", "serving"),
+    [
+        pytest.param([("a", "2026-01-01T00:00:00Z"), ("b", "2026-02-01T00:00:00Z")], "b", id="newest-wins"),
+        pytest.param([("b", "2026-01-01T00:00:00Z"), ("a", "2026-01-01T00:00:00Z")], "a", id="tie-lower-name"),
+        pytest.param([("a", ""), ("b", "2026-01-01T00:00:00Z")], "b", id="no-timestamp-is-oldest"),
+        pytest.param([], None, id="none"),
+    ],
+)
+def test_the_class_serving_an_extended_resource(classes: list[tuple[str, str]], serving: str | None) -> None:
+    """As kube-scheduler's extended resource cache picks between classes mapping the same name."""
+    objs = [{**UNMAPPED, "metadata": {"name": name, "creationTimestamp": created},
+             "spec": {"extendedResourceName": "nvidia.com/gpu"}} for name, created in classes]
+    found = view_from_api((), objs).serving("nvidia.com/gpu")
+    assert (found.name if found else None) == serving
 
 
 RECORDED = {"nodes.json": 0, "runtimeclasses.json": 1, "namespaces.json": 2, "resourceclaimtemplates-v1.json": 3}

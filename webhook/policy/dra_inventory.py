@@ -40,6 +40,7 @@ import immutables
 
 from webhook.policy import claims
 from webhook.policy.device_selectors import Device, DeviceQuery
+from webhook.policy.dra_rules import IMPLICIT_PREFIX
 
 MAX_TRACKED = 256
 SHOWN = 3  # node names kept in an answer
@@ -65,11 +66,15 @@ class Slice:
 
 @dataclass(frozen=True, slots=True)
 class DeviceClass:
-    """A DeviceClass: its CEL selectors, and the drivers they name (`device.driver == "..."`)."""
+    """A DeviceClass: its CEL selectors, the drivers they name (`device.driver == "..."`), the extended resource it
+    maps (`spec.extendedResourceName`, KEP-5004) and when it was created (which decides between two classes that map
+    the same name)."""
 
     name: str
     selectors: tuple[str, ...] = ()
     drivers: tuple[str, ...] = ()
+    extended_resource_name: str | None = None
+    created: str = ""  # metadata.creationTimestamp (RFC 3339, UTC, whole seconds: orders as text)
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,7 +180,10 @@ def device_class_from_api(obj: Mapping[str, Any]) -> DeviceClass:
     expressions = tuple(e for s in _list(_map(obj.get("spec")).get("selectors"))
                         if isinstance(e := _map(_map(s).get("cel")).get("expression"), str))
     drivers = tuple(dict.fromkeys(m.group(2) for e in expressions for m in _DRIVER_SELECTOR.finditer(e)))
-    return DeviceClass(_name(obj)[1], expressions, drivers)
+    extended = _map(obj.get("spec")).get("extendedResourceName")
+    return DeviceClass(_name(obj)[1], expressions, drivers,
+                       extended if isinstance(extended, str) and extended else None,
+                       _text(_map(obj.get("metadata")).get("creationTimestamp")))
 
 
 def _count(fields: Mapping[str, Any]) -> int | None:
@@ -330,6 +338,14 @@ class _Values:
 
 # --------------------------------------------------------------------------------------------- view
 
+_UNKNOWN = object()
+
+
+def _negated(timestamp: str) -> tuple[int, ...]:
+    """A sort key that puts the newest creationTimestamp first (RFC 3339 of one format orders as text)."""
+    return tuple(-ord(c) for c in timestamp)
+
+
 
 class DraView:
     """The DRA inventory at one moment: immutable, answered without walking the slices once a question is tracked."""
@@ -345,6 +361,7 @@ class DraView:
         self._matching: dict[DeviceQuery, _Matching] = dict(matching or {})
         self._values: dict[tuple[str, str], _Values] = dict(values or {})
         self._answers: dict[tuple[str, str], tuple[ValueCount, ...]] = {}
+        self._serving: dict[str, object] = {}  # extended resource -> its DeviceClass or None, once per view
         self._requests = requests
         self.counts: Mapping[Kind, int] = counts or dict.fromkeys(KINDS, 0)
 
@@ -386,6 +403,29 @@ class DraView:
                     self._requests.append(key)
             answer = self._answers[key] = found.answer()  # as many entries as values (products), not devices
         return answer
+
+    def nodes_by_count(self, query: DeviceQuery) -> Iterator[tuple[int, Iterable[str]]] | None:
+        """The nodes with devices matching `query`, grouped by how many they have, most first (node "" stands for
+        the slices that are not node-local); None when a selector fails on a device, as for `nodes_with`."""
+        self.nodes_with(query)  # tracked from here on
+        found = self._matching[query]
+        if found.undecided:
+            return None
+        return ((have, found.by_count[have].keys()) for have in sorted(found.by_count.keys(), reverse=True))
+
+    def serving(self, resource: str) -> DeviceClass | None:
+        """The DeviceClass kube-scheduler hands `resource` to (KEP-5004), as its extended resource cache decides
+        (k8s.io/dynamic-resource-allocation deviceclass/extendedresourcecache): the class the implicit name
+        `deviceclass.resource.kubernetes.io/<class>` names, else among the classes whose `extendedResourceName` is
+        `resource` the newest, a tie going to the lower name; None when no class maps it."""
+        if resource.startswith(IMPLICIT_PREFIX):
+            return self._classes.get(resource[len(IMPLICIT_PREFIX):])
+        found = self._serving.get(resource, _UNKNOWN)
+        if found is _UNKNOWN:
+            mapping = [c for c in self._classes.values() if c.extended_resource_name == resource]
+            found = self._serving[resource] = min(
+                mapping, key=lambda c: (not c.created, _negated(c.created), c.name), default=None)
+        return found if isinstance(found, DeviceClass) else None
 
     def claim(self, namespace: str, name: str) -> ResourceClaim | None:
         return self._claims.get((namespace, name))

@@ -22,8 +22,20 @@ from dataclasses import dataclass
 from typing import Any
 
 from webhook.policy.claims import Claim
+from webhook.policy.dra_extended import dra_offer
 from webhook.policy.findings import Edit
 from webhook.policy.node_index import SHOWN, NodeView, Query, Summary, canonical
+from webhook.policy.node_match import (
+    HARD_EFFECTS,
+    REQUIRED,
+    TRANSIENT_TAINT_PREFIX,
+    affinity_matches,
+    label_matches,
+    selector_mismatches,
+    tolerates,
+    untolerated,
+    value_selects,
+)
 from webhook.policy.pods import Path, mapping
 from webhook.policy.rules import Expression, Policy
 from webhook.policy.snapshot import (
@@ -48,10 +60,32 @@ from webhook.policy.snapshot import (
 
 # The cluster state (webhook.policy.snapshot), re-exported for the callers of the decisions; the module's own
 # names are public too.
-__all__ = ["FIRST_LIST_UNANSWERED", "REFUSED_AT_START", "ClaimTemplate", "Namespace", "Node", "RuntimeClass",
-           "Snapshot", "Taint",
-           "claim_template_from_api", "namespace_from_api", "node_from_api", "object_key", "runtime_class_from_api",
-           "snapshot_from_api", "snapshot_of"]
+__all__ = [
+    "FIRST_LIST_UNANSWERED",
+    "HARD_EFFECTS",
+    "REFUSED_AT_START",
+    "REQUIRED",
+    "TRANSIENT_TAINT_PREFIX",
+    "ClaimTemplate",
+    "Namespace",
+    "Node",
+    "RuntimeClass",
+    "Snapshot",
+    "Taint",
+    "affinity_matches",
+    "claim_template_from_api",
+    "label_matches",
+    "namespace_from_api",
+    "node_from_api",
+    "object_key",
+    "runtime_class_from_api",
+    "selector_mismatches",
+    "snapshot_from_api",
+    "snapshot_of",
+    "tolerates",
+    "untolerated",
+    "value_selects",
+]
 
 PRODUCT_LABEL = "nvidia.com/gpu.product"
 GPU_PRESENT_LABEL = "nvidia.com/gpu.present"
@@ -65,12 +99,7 @@ SHARING_LABEL = "nvidia.com/gpu.sharing-strategy"  # GFD: none | time-slicing | 
 REPLICAS_LABEL = "nvidia.com/gpu.replicas"  # GFD: how many Pods share each GPU (1: whole GPUs)
 SHARING_STRATEGIES = frozenset({"time-slicing", "mps"})
 MIG_INFIX = "-MIG-"
-HARD_EFFECTS = frozenset({"NoSchedule", "NoExecute"})
-# Taints the node lifecycle controller adds for a while (NotReady, cordoned, pressure): not a property of
-# the node's size, so they never make a Pod "never schedulable".
-TRANSIENT_TAINT_PREFIX = "node.kubernetes.io/"
 _SHOWN = SHOWN  # nodes named in one message
-REQUIRED = "requiredDuringSchedulingIgnoredDuringExecution"
 
 Finding = tuple[str, str]  # (rule id, message)
 
@@ -164,12 +193,6 @@ def same_expression(have: Any, want: Mapping[str, Any]) -> bool:
             and sorted(map(str, _list(have.get("values")))) == sorted(want.get("values") or []))
 
 
-def value_selects(node: Node, selector: Mapping[str, str], expressions: Sequence[Expression]) -> bool:
-    """Whether a class value's nodeSelector and matchExpressions both hold on the node."""
-    return (all(node.labels.get(k) == v for k, v in selector.items())
-            and all(label_matches(node.labels.get(e.key), e.operator, e.values) for e in expressions))
-
-
 def with_runtime_class(where: Placement, runtime_class: RuntimeClass | None) -> Placement:
     """The placement after the RuntimeClass admission plugin merged its scheduling (when it exists)."""
     if runtime_class is None:
@@ -177,79 +200,6 @@ def with_runtime_class(where: Placement, runtime_class: RuntimeClass | None) -> 
     selector = {**runtime_class.node_selector, **where.node_selector}
     return Placement(selector, (*where.tolerations, *runtime_class.tolerations), where.node_affinity,
                      where.runtime_class, where.runtime_class_injected)
-
-
-def tolerates(toleration: Mapping[str, Any], taint: Taint) -> bool:
-    """Kubernetes `ToleratesTaint`: effect, key, then Exists or an equal value."""
-    effect = toleration.get("effect") or ""
-    if effect and effect != taint.effect:
-        return False
-    key = toleration.get("key") or ""
-    operator = toleration.get("operator") or "Equal"
-    if key and key != taint.key:
-        return False
-    if operator == "Exists":
-        return True
-    return bool(key) and str(toleration.get("value") or "") == taint.value
-
-
-def untolerated(node: Node, tolerations: Sequence[Mapping[str, Any]], *, transient: bool = False) -> list[Taint]:
-    """The node's NoSchedule/NoExecute taints none of `tolerations` tolerates (`transient`: include
-    the node lifecycle taints such as node.kubernetes.io/not-ready)."""
-    return [
-        t for t in node.taints
-        if t.effect in HARD_EFFECTS and (transient or not t.key.startswith(TRANSIENT_TAINT_PREFIX))
-        and not any(tolerates(tol, t) for tol in tolerations)
-    ]
-
-
-def selector_mismatches(node: Node, selector: Mapping[str, str]) -> list[str]:
-    """`key=wanted (node has X)` for every nodeSelector entry the node's labels do not satisfy."""
-    return [
-        f"{key}={value} (node has {node.labels.get(key, 'no such label')})"
-        for key, value in sorted(selector.items()) if node.labels.get(key) != value
-    ]
-
-
-def affinity_matches(node: Node, affinity: Mapping[str, Any] | None) -> bool:
-    """requiredDuringSchedulingIgnoredDuringExecution: any term, all of its expressions."""
-    required = mapping(mapping(affinity).get(REQUIRED))
-    terms = [mapping(t) for t in _list(required.get("nodeSelectorTerms"))]
-    if not terms:
-        return True
-    return any(_term_matches(node, term) for term in terms)
-
-
-def _term_matches(node: Node, term: Mapping[str, Any]) -> bool:
-    expressions = [mapping(e) for e in _list(term.get("matchExpressions"))]
-    fields = [mapping(e) for e in _list(term.get("matchFields"))]
-    if not expressions and not fields:
-        return False  # an empty term matches no node
-    by_field = {"metadata.name": node.name}
-    return all(_expression(node.labels, e) for e in expressions) and all(_expression(by_field, e) for e in fields)
-
-
-def _expression(labels: Mapping[str, str], expr: Mapping[str, Any]) -> bool:
-    values = [str(v) for v in _list(expr.get("values"))]
-    return label_matches(labels.get(str(expr.get("key") or "")), expr.get("operator"), values)
-
-
-def label_matches(have: str | None, op: Any, values: Sequence[str]) -> bool:
-    """Kubernetes' node selector operators on one label: `have` is its value on the node, None when absent."""
-    if op == "In":
-        return have is not None and have in values
-    if op == "NotIn":
-        return have is None or have not in values
-    if op == "Exists":
-        return have is not None
-    if op == "DoesNotExist":
-        return have is None
-    if op in ("Gt", "Lt") and have is not None and len(values) == 1:
-        try:
-            return int(have) > int(values[0]) if op == "Gt" else int(have) < int(values[0])
-        except ValueError:
-            return False
-    return False
 
 
 def selects(node: Node, where: Placement) -> bool:
@@ -408,23 +358,52 @@ def capacity_findings(snapshot: Snapshot, where: Placement, resource: str, count
                       class_name: str) -> list[Finding]:
     """gpu-never-schedulable or gpu-class-no-node for one resource, or nothing when some node fits.
 
-    Reads the index's answer for the placement (O(1) once the query is tracked); only a Pod that no node
-    fits pays for the explanation (`no_node_reason`)."""
+    Reads the index's answer for the placement (O(1) once the query is tracked); only a Pod that no device plugin's
+    node fits asks the DRA devices of a DeviceClass that serves `resource` (KEP-5004: `webhook.policy.dra_extended`),
+    and only a Pod that no node fits pays for the explanation (`no_node_reason`)."""
     eligible = snapshot.index.summary(eligible_query(where, resource))
-    selector = where.describe_selector()
-    if eligible.largest is None:
-        why = no_node_reason(snapshot, where, resource)
-        return [("gpu-class-no-node",
-                 f"class {class_name} (nodeSelector {selector}) matches no Ready node that advertises {resource}, "
-                 f"so the Pod would stay Pending: {why}")]
-    most, largest = eligible.largest
-    if count <= most:
+    if eligible.largest is not None and count <= eligible.largest[0]:
         return []
+    dra = dra_offer(snapshot.dra, resource, count, _dra_landing(snapshot, where, resource))
+    if dra is not None and dra.fits:
+        return []
+    selector = where.describe_selector()
+    served = (f" or has devices of DeviceClass {dra.device_class} (which serves {resource} through DRA)"
+              if dra is not None else "")
+    if eligible.largest is None and (dra is None or dra.largest is None):
+        why = no_node_reason(snapshot, where, resource) if dra is None or snapshot.index.offers(resource) else (
+            f"no Ready node it selects and tolerates has a device of DeviceClass {dra.device_class} in a "
+            "ResourceSlice; check that the DRA driver runs on the class's nodes (kubectl get resourceslices)")
+        return [("gpu-class-no-node",
+                 f"class {class_name} (nodeSelector {selector}) matches no Ready node that advertises "
+                 f"{resource}{served}, so the Pod would stay Pending: {why}")]
+    if dra is not None and dra.largest is not None and (eligible.largest is None
+                                                        or dra.largest[0] > eligible.largest[0]):
+        most, node = dra.largest
+        return [("gpu-never-schedulable",
+                 f"the Pod asks for {count} {resource} but the most any Ready node of class {class_name} "
+                 f"(nodeSelector {selector}) offers is {most} ({node}: devices of DeviceClass {dra.device_class}, "
+                 f"through DRA): it would stay Pending (cannot allocate all claims) forever; ask for at most "
+                 f"{most} per Pod, or split the work across Pods")]
+    assert eligible.largest is not None
+    most, largest = eligible.largest
     return [("gpu-never-schedulable",
              f"the Pod asks for {count} {resource} but the largest Ready node of class {class_name} "
              f"(nodeSelector {selector}) offers {most} ({largest}; {eligible.count} node"
              f"{'s' if eligible.count != 1 else ''} match): it would stay Pending with Insufficient {resource} "
              f"forever; ask for at most {most} per Pod, or split the work across Pods")]
+
+
+def _dra_landing(snapshot: Snapshot, where: Placement, resource: str) -> Callable[[str], bool]:
+    """Whether a node is one where kube-scheduler hands `resource` to DRA and the Pod may land: Ready, selected,
+    its hard taints tolerated, and no device plugin advertising `resource` there (`shouldDelegateResourceToDRA`)."""
+    nodes, tolerations = snapshot.index.nodes, where.tolerations
+
+    def may_land(name: str) -> bool:
+        node = nodes.get(name)
+        return (node is not None and node.allocatable.get(resource, 0) <= 0 and node.ready and selects(node, where)
+                and not untolerated(node, tolerations))
+    return may_land
 
 
 def no_node_reason(snapshot: Snapshot, where: Placement, resource: str) -> str:

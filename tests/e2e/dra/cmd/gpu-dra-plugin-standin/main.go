@@ -9,8 +9,10 @@
 //     type "gpu", productName, architecture, uuid, brand, driverVersion, cudaDriverVersion and cudaComputeCapability
 //     (versions), capacity memory. No NVML is read;
 //   - preparing a claim: it writes a CDI spec (JSON, as Kubernetes' DRA test driver writes it) that only sets
-//     environment variables naming each allocated device (DRA_STANDIN_<DEVICE>_UUID=<uuid>, ...). NVIDIA's driver
-//     injects device nodes, driver libraries and its sharing (MPS, time-slicing) and MIG set-up instead.
+//     environment variables naming each allocated device (DRA_STANDIN_<DEVICE>_UUID=<uuid>, ...), and, as NVIDIA's
+//     driver does in every claim's spec, NVIDIA_VISIBLE_DEVICES=void, so that the NVIDIA Container Runtime (a Pod
+//     with runtimeClassName nvidia) does not also inject the devices a CUDA image's NVIDIA_VISIBLE_DEVICES=all names.
+//     NVIDIA's driver injects device nodes, driver libraries and its sharing (MPS, time-slicing) and MIG set-up too.
 //
 // Every log line says STAND-IN.
 package main
@@ -186,16 +188,19 @@ var notEnvChar = regexp.MustCompile(`[^A-Za-z0-9]`)
 // cdiSpec is the JSON CDI spec one prepared claim gets: one CDI device per allocated device, editing only the
 // environment.
 type cdiSpec struct {
-	Version string      `json:"cdiVersion"`
-	Kind    string      `json:"kind"`
-	Devices []cdiDevice `json:"devices"`
+	Version        string      `json:"cdiVersion"`
+	Kind           string      `json:"kind"`
+	ContainerEdits cdiEdits    `json:"containerEdits"`
+	Devices        []cdiDevice `json:"devices"`
+}
+
+type cdiEdits struct {
+	Env []string `json:"env"`
 }
 
 type cdiDevice struct {
-	Name           string `json:"name"`
-	ContainerEdits struct {
-		Env []string `json:"env"`
-	} `json:"containerEdits"`
+	Name           string   `json:"name"`
+	ContainerEdits cdiEdits `json:"containerEdits"`
 }
 
 func (p *plugin) specPath(uid types.UID) string {
@@ -218,7 +223,9 @@ func (p *plugin) prepare(claim *resourceapi.ResourceClaim) kubeletplugin.Prepare
 	if claim.Status.Allocation == nil {
 		return kubeletplugin.PrepareResult{Err: fmt.Errorf("claim %s/%s is not allocated", claim.Namespace, claim.Name)}
 	}
-	spec := cdiSpec{Version: "0.5.0", Kind: cdiKind}
+	// The spec's own edits apply with any of its devices: NVIDIA's driver sets NVIDIA_VISIBLE_DEVICES=void there
+	// "to avoid the nvidia-container-runtime honoring it in addition to the underlying runtime honoring CDI".
+	spec := cdiSpec{Version: "0.5.0", Kind: cdiKind, ContainerEdits: cdiEdits{Env: []string{"NVIDIA_VISIBLE_DEVICES=void"}}}
 	var prepared []kubeletplugin.Device
 	for _, r := range claim.Status.Allocation.Devices.Results {
 		if r.Driver != p.driverName {

@@ -1,0 +1,77 @@
+"""GPUs asked for as an extended resource and served by DRA (KEP-5004, beta and on by default in 1.36): what the
+devices of the DeviceClass that maps the resource offer a Pod, node by node, as kube-scheduler counts them.
+
+A DeviceClass with `spec.extendedResourceName: nvidia.com/gpu` (NVIDIA's DRA driver's chart sets it on
+`gpu.nvidia.com`) lets a plain Pod (`limits: nvidia.com/gpu: 1`) run on a node where no device plugin advertises
+the name: kube-scheduler's NodeResourcesFit leaves the resource to the DynamicResources plugin on every node whose
+allocatable holds none of it (`shouldDelegateResourceToDRA`, pkg/scheduler/framework/plugins/noderesources/fit.go),
+and that plugin allocates the Pod's count from the class's devices on the node, with the class's selectors only.
+So the inventory decisions (`webhook.policy.inventory`) count, besides the device plugins' allocatable, the
+matching devices of such nodes; without this a cluster whose GPUs are all handed out by DRA would have every plain
+GPU Pod refused as never schedulable.
+
+Pure: reads a `DraView`; which nodes the Pod may land on is the caller's predicate.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import lru_cache
+
+from webhook.policy.device_selectors import DeviceQuery
+from webhook.policy.dra_inventory import DeviceSummary, DraView
+
+
+@dataclass(frozen=True)
+class DraOffer:
+    """What the devices of `device_class` offer a Pod asking for `count` of an extended resource it serves.
+
+    `fits`: some node the Pod may land on has `count` matching devices (True as well when no decision can be made:
+    a selector fails on a device, or matching devices are not local to one node); `largest`: the most matching
+    devices on one such node and the node (None when none has any)."""
+
+    device_class: str
+    fits: bool
+    largest: tuple[int, str] | None = None
+
+
+@lru_cache(maxsize=256)
+def _query(selectors: tuple[str, ...]) -> DeviceQuery | None:
+    return DeviceQuery.of(selectors)
+
+
+def dra_offer(view: DraView, resource: str, count: int, may_land: Callable[[str], bool]) -> DraOffer | None:
+    """What DRA offers for `count` of `resource` on the nodes `may_land` admits (Ready, selected, tolerated, and not
+    advertising `resource` in allocatable); None when no DeviceClass serves `resource`, or when the ResourceSlices
+    and DeviceClasses are not known (a cluster without DRA, or an identity that may not list them)."""
+    if not view.devices_known:
+        return None
+    served = view.serving(resource)
+    if served is None:
+        return None
+    query = _query(served.selectors)
+    groups = view.nodes_by_count(query) if query is not None else None
+    if groups is None:
+        return DraOffer(served.name, True)  # undecided: the webhook never denies on it
+    for have, nodes in groups:  # most devices first
+        if "" in nodes:  # devices not local to one node (nodeSelector, allNodes): which nodes get them is not read
+            return DraOffer(served.name, True)
+        if have >= count:
+            if any(map(may_land, nodes)):
+                return DraOffer(served.name, True)
+            continue
+        landing = min(filter(may_land, nodes), default=None)  # only a Pod that fits nowhere pays for the name
+        if landing is not None:
+            return DraOffer(served.name, False, (have, landing))
+    return DraOffer(served.name, False)
+
+
+def dra_devices(view: DraView, resource: str) -> tuple[str, DeviceSummary | None] | None:
+    """The DeviceClass that serves `resource` through DRA and its devices over the cluster (None for the summary when
+    a selector fails on a device); None when no class serves it or the DRA objects are not known. For `doctor`."""
+    served = view.serving(resource) if view.devices_known else None
+    if served is None:
+        return None
+    query = _query(served.selectors)
+    return served.name, view.nodes_with(query) if query is not None else None
