@@ -399,6 +399,8 @@ def dra_snap(*nodes: Node, slices: tuple[dict[str, Any], ...], classes: tuple[di
 
 
 DRA_SLICES = (gpu_slice("t4-dra-1", T4, 2), gpu_slice("t4-dra-2", T4, 1))
+ALL_NODES = gpu_slice("t4-dra-1", T4, 2, name="shared")
+ALL_NODES["spec"] = {**{k: v for k, v in ALL_NODES["spec"].items() if k != "nodeName"}, "allNodes": True}
 
 
 @pytest.mark.parametrize(
@@ -439,6 +441,7 @@ DRA_SLICES = (gpu_slice("t4-dra-1", T4, 2), gpu_slice("t4-dra-2", T4, 1))
         pytest.param(pod(2), dra_snap(*(dataclasses.replace(n, allocatable={"nvidia.com/gpu": 1}) for n in DRA_ONLY),
                                       slices=(gpu_slice("t4-dra-1", T4, 4),)),
                      ["offers 1 (t4-dra-2; 2 nodes match)"], id="a-device-plugin-node-never-hands-it-to-dra"),
+        pytest.param(pod(1), dra_snap(*DRA_ONLY, slices=(ALL_NODES,)), [], id="devices-of-no-one-node-no-decision"),
         pytest.param(pod(1), snap(nodes=DRA_ONLY, dra=view_from_api(DRA_SLICES, ())),
                      ["[gpu-class-no-node]"], id="device-classes-not-listed"),
     ],
