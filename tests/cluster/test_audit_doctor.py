@@ -17,7 +17,7 @@ from support.kube_replay import DATA, Computed, Json, ReplayServer, Request, loa
 
 from webhook.admission.loader import load_policy
 from webhook.cli import main as cli
-from webhook.cluster import doctor
+from webhook.cluster import doctor, explanations
 from webhook.policy import inventory
 from webhook.policy.dra_inventory import DraIndex, device_class_from_api, slice_from_api
 
@@ -342,8 +342,8 @@ def test_doctor_says_no_plugin_when_no_gpu_node_advertises() -> None:
 
 
 GPU = "nvidia.com/gpu"
-ADVERTISED = doctor.Clues({GPU: 1})
-NOTHING = doctor.Clues({})
+ADVERTISED = explanations.Clues({GPU: 1})
+NOTHING = explanations.Clues({})
 SANDBOX = ('FailedCreatePodSandBox: Failed to create pod sandbox: rpc error: code = Unknown desc = failed to get '
            'sandbox runtime: no runtime for "nvidia" is configured')
 
@@ -432,7 +432,7 @@ def test_doctor_reads_insufficient_against_the_nodes_the_pod_can_land_on(
         pytest.param(_real_event("Insufficient"), NOTHING, "warn",
                      "none of the nodes the Pod can land on advertises it, so the device plugin is not running",
                      id="plugin-not-running"),
-        pytest.param(_real_event("Insufficient"), doctor.Clues({GPU: 8}, {GPU: 4}, {GPU: 8}), "warn",
+        pytest.param(_real_event("Insufficient"), explanations.Clues({GPU: 8}, {GPU: 4}, {GPU: 8}), "warn",
                      "the Pod asks for 8, more than any node it can land on has (4); ask for at most 4",
                      id="more-than-any-node-has"),
         pytest.param(_real_event("didn't match"), ADVERTISED, "warn",
@@ -448,8 +448,8 @@ def test_doctor_reads_insufficient_against_the_nodes_the_pod_can_land_on(
                      id="not-ours"),
     ],
 )
-def test_doctor_explains_real_texts(text: str, clues: doctor.Clues, status: str | None, meaning: str) -> None:
-    found = doctor.explain(text, clues)
+def test_doctor_explains_real_texts(text: str, clues: explanations.Clues, status: str | None, meaning: str) -> None:
+    found = explanations.explain(text, clues)
     if status is None:
         assert found is None
         return
