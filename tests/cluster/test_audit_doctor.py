@@ -469,8 +469,12 @@ def test_doctor_counts_the_dra_devices_that_serve_the_gpu_resource() -> None:
     index.replace("deviceclasses", [device_class_from_api(device_class)])
     snapshot = dataclasses.replace(real_snapshot(node), dra=index.view())
     pod = {"kind": "Pod", "metadata": {"name": "p", "namespace": "default"},
-           "spec": {"containers": [{"name": "c", "resources": {"limits": {GPU: 1}}}]}}
+           "spec": {"tolerations": [{"key": GPU, "operator": "Exists", "effect": "NoSchedule"}],
+                    "containers": [{"name": "c", "resources": {"limits": {GPU: 1}}}]}}
     report = doctor.diagnose(load_policy(), doctor.Facts(pod=pod, snapshot=snapshot))
+    matching = next(s for s in report.steps if s.title == "Matching nodes")
+    assert (matching.status, matching.summary) == ("ok", "1 node(s) match; 1 have enough free GPUs now: kit-gpu-node")
+    assert "kit-gpu-node: 2 nvidia.com/gpu through DRA, 2 free" in matching.evidence
     advertised = next(s for s in report.steps if s.title == "Advertised")
     assert advertised.status == "ok", advertised
     assert advertised.evidence == (

@@ -27,6 +27,7 @@ from typing import Any
 import pytest
 from cluster import GPU, HERE, Cluster, Proc, spawn, wait_until, yaml_of
 from realnode import CUDA_IMAGE, GPU_UUIDS, NODE_NAME, RealNode
+from test_20_real_node import doctor
 
 pytestmark = pytest.mark.e2e
 # The real node runs containerd 2.x (build_containerd.sh): Debian's 1.6 has no CDI and would drop the plugin's devices.
@@ -347,6 +348,12 @@ def test_the_seeds_plain_pod_runs_on_a_dra_device_by_the_class_extended_resource
         assert "NVIDIA_VISIBLE_DEVICES=void" in lines
         leaked = [line for line in lines if line.startswith("NVIDIA_STANDIN_GPU_")]
         assert leaked == [], f"the NVIDIA runtime injected GPUs the scheduler did not allocate: {leaked}"
+
+        # The kwok nodes' device plugins advertise nvidia.com/gpu; on the real node DRA serves it.
+        _, report = doctor(cluster, namespace, "seed-on-dra")
+        matching = next(s for s in report["steps"] if s["step"] == "Matching nodes")  # type: ignore[attr-defined]
+        assert matching["summary"] == f"1 node(s) match; 1 have enough free GPUs now: {NODE_NAME}", matching
+        assert f"{NODE_NAME}: 2 {GPU} through DRA, 2 free" in matching["evidence"], matching
 
         cluster.kubectl("delete", "pod", "seed-on-dra", "-n", namespace, "--wait=true", timeout=120)
         wait_until(lambda: spec_name not in dra_plugin.specs(), 60, "the plugin to unprepare the claim")

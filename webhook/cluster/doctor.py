@@ -24,7 +24,7 @@ from typing import Any
 from webhook.cluster.explanations import SEVERITY, Clues, Status, explain
 from webhook.policy import checking, dra_fit, inventory
 from webhook.policy.checks import gpu_requests
-from webhook.policy.dra_extended import dra_devices
+from webhook.policy.dra_extended import devices_per_node, dra_devices
 from webhook.policy.inventory import Node, Placement, Snapshot
 from webhook.policy.pods import mapping
 from webhook.policy.rules import Policy
@@ -105,7 +105,8 @@ def diagnose(policy: Policy, facts: Facts) -> Report:
             "Device plugin", "info", "not needed for this Pod: " + "; ".join(
                 f"DeviceClass {c} serves {r} through DRA (its extendedResourceName)" for r, c in sorted(by_dra.items()))
             + "; a device plugin advertising it on a node would take it over there"))
-        matching = _matching_step(snapshot, where, asks, used, scheduled=bool(spec.get("nodeName")))
+        dra = {r: found for r in asks if (found := devices_per_node(snapshot.dra, r))}  # nodes with no plugin for r
+        matching = _matching_step(snapshot, where, asks, used, scheduled=bool(spec.get("nodeName")), dra=dra)
         steps.append(matching)
         waits = matching.status == "warn"
     if claims:
@@ -254,7 +255,20 @@ def _used(policy: Policy, running: Sequence[Json], exclude: str, namespace: str)
 
 
 def _matching_step(snapshot: Snapshot, where: Placement, asks: Mapping[str, int],
-                   used: Mapping[str, Mapping[str, int]], scheduled: bool) -> Step:
+                   used: Mapping[str, Mapping[str, int]], scheduled: bool,
+                   dra: Mapping[str, Mapping[str, int]] | None = None) -> Step:
+    """`dra`: resource -> node -> the devices that serve it there through DRA (KEP-5004), for the resources no device
+    plugin advertises."""
+    dra = dra or {}
+
+    def offers(node: Node, resource: str) -> int:
+        return node.offers(resource) or dra.get(resource, {}).get(node.name, 0)
+
+    def offered(node: Node, resource: str) -> str:
+        have = node.offers(resource)
+        return f"{have} {resource} allocatable" if have or resource not in dra else (
+            f"{offers(node, resource)} {resource} through DRA")
+
     evidence = [f"nodeSelector {where.describe_selector()}; tolerations: "
                 + (", ".join(_toleration(t) for t in where.tolerations) or "(none)")]
     fits: list[str] = []
@@ -266,12 +280,11 @@ def _matching_step(snapshot: Snapshot, where: Placement, asks: Mapping[str, int]
         if why:
             rejected.append(f"{node.name}: {why}")
             continue
-        if not any(node.offers(r) for r in asks):
+        if not any(offers(node, r) for r in asks):
             silent.append(node.name)
-        free = {r: node.offers(r) - used.get(node.name, {}).get(r, 0) for r in asks}
-        evidence.append(f"{node.name}: " + ", ".join(f"{node.offers(r)} {r} allocatable, {free[r]} free"
-                                                      for r in sorted(asks)))
-        if all(node.offers(r) >= n for r, n in asks.items()):
+        free = {r: offers(node, r) - used.get(node.name, {}).get(r, 0) for r in asks}
+        evidence.append(f"{node.name}: " + ", ".join(f"{offered(node, r)}, {free[r]} free" for r in sorted(asks)))
+        if all(offers(node, r) >= n for r, n in asks.items()):
             capable.append(node.name)
             if all(free[r] >= n for r, n in asks.items()):
                 fits.append(node.name)

@@ -75,3 +75,13 @@ def dra_devices(view: DraView, resource: str) -> tuple[str, DeviceSummary | None
         return None
     query = _query(served.selectors)
     return served.name, view.nodes_with(query) if query is not None else None
+
+
+def devices_per_node(view: DraView, resource: str) -> dict[str, int]:
+    """node -> how many devices of the DeviceClass that serves `resource` match its selectors there (empty when no
+    class serves it, the DRA objects are not known, or a selector fails on a device). For `doctor`, which lists the
+    nodes; a review asks `dra_offer`."""
+    served = view.serving(resource) if view.devices_known else None
+    query = _query(served.selectors) if served is not None else None
+    groups = view.nodes_by_count(query) if query is not None else None
+    return {node: have for have, nodes in groups or () for node in nodes if node}
