@@ -104,6 +104,8 @@ def dra_plugin(cluster: Cluster, real_node: RealNode) -> Iterator[Plugin]:
     finally:
         plugin.stop()
         cluster.kubectl("delete", "deviceclass", DEVICE_CLASS, "--ignore-not-found", check=False)
+        for left in _slices(cluster):  # the plugin leaves its slice behind when it stops (the node GC would not yet)
+            cluster.kubectl("delete", "resourceslice", left["metadata"]["name"], "--ignore-not-found", check=False)
 
 
 def _template(name: str, labels: dict[str, str] | None = None) -> dict[str, Any]:

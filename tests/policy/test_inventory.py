@@ -398,6 +398,7 @@ def dra_snap(*nodes: Node, slices: tuple[dict[str, Any], ...], classes: tuple[di
     return snap(nodes=nodes, dra=index.view(), **changes)
 
 
+IMPLICIT = "deviceclass.resource.kubernetes.io/gpu.nvidia.com"
 DRA_SLICES = (gpu_slice("t4-dra-1", T4, 2), gpu_slice("t4-dra-2", T4, 1))
 ALL_NODES = gpu_slice("t4-dra-1", T4, 2, name="shared")
 ALL_NODES["spec"] = {**{k: v for k, v in ALL_NODES["spec"].items() if k != "nodeName"}, "allNodes": True}
@@ -407,8 +408,15 @@ ALL_NODES["spec"] = {**{k: v for k, v in ALL_NODES["spec"].items() if k != "node
     ("obj", "snapshot", "expected"),
     [
         pytest.param(pod(2), dra_snap(*DRA_ONLY, slices=DRA_SLICES), [], id="served-by-dra"),
-        pytest.param(pod(1, resource="deviceclass.resource.kubernetes.io/gpu.nvidia.com"),
-                     dra_snap(*DRA_ONLY, slices=DRA_SLICES, classes=(UNMAPPED,)), [], id="implicit-name"),
+        pytest.param(pod(1, resource=IMPLICIT), dra_snap(*DRA_ONLY, slices=DRA_SLICES, classes=(UNMAPPED,)), [],
+                     id="implicit-name"),
+        pytest.param(pod(3, resource=IMPLICIT), dra_snap(*DRA_ONLY, slices=DRA_SLICES, classes=(UNMAPPED,)),
+                     [f"[gpu-never-schedulable] the Pod asks for 3 {IMPLICIT} but the most any Ready node of class "
+                      "workload=inference,gpu-type=t4 (nodeSelector gpu-type=t4, workload=inference) offers is 2 "
+                      "(t4-dra-1: devices of DeviceClass gpu.nvidia.com, through DRA)"], id="implicit-name-too-many"),
+        pytest.param(pod(3, resource=IMPLICIT), snap(nodes=DRA_ONLY), [], id="implicit-name-dra-not-known"),
+        pytest.param(pod(1, resource=IMPLICIT), dra_snap(*DRA_ONLY, slices=(), classes=(UNMAPPED,)),
+                     ["[gpu-class-no-node]"], id="implicit-name-no-devices"),
         pytest.param(pod(3), dra_snap(*DRA_ONLY, slices=DRA_SLICES),
                      ["[gpu-never-schedulable] the Pod asks for 3 nvidia.com/gpu but the most any Ready node of class "
                       "workload=inference,gpu-type=t4 (nodeSelector gpu-type=t4, workload=inference) offers is 2 "

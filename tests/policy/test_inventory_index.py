@@ -52,7 +52,10 @@ def linear_eligible(snapshot: Snapshot, where: Placement, resource: str) -> list
 
 
 def linear_capacity_findings(snapshot: Snapshot, where: Placement, resource: str, count: int,
-                             class_name: str) -> list[Finding]:
+                             class_name: str, *, dra_only: bool = False) -> list[Finding]:
+    """The device plugins' half (the snapshots here hold no DRA objects: a name only DRA serves gets no decision)."""
+    if dra_only and not snapshot.dra.devices_known:
+        return []
     eligible = linear_eligible(snapshot, where, resource)
     selector = where.describe_selector()
     if not eligible:

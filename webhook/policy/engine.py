@@ -240,13 +240,18 @@ def _check_inventory(policy: Policy, ref: PodSpecRef, chosen: ChosenClass, edits
                 f"the cluster inventory is not synced ({snapshot.reason or 'starting'}): the checks against GPU "
                 "nodes and runtime classes were skipped; nothing to change in the Pod")
         return chosen, edits, True
-    requests = {name: pods.effective_count(counts) for name, counts in per_resource.items()
-                if _placed_by_classes(policy, name) and not checks.is_dra_served(policy, name)}
+    placed = {name: pods.effective_count(counts) for name, counts in per_resource.items()
+              if _placed_by_classes(policy, name)}
+    # The names DRA may serve (a GPU DeviceClass's implicit or mapped name) count for the capacity checks only,
+    # which read the DRA devices too; the device plugins' node checks leave them out.
+    dra_served = frozenset(name for name in placed if checks.is_dra_served(policy, name))
+    requests = {name: count for name, count in placed.items() if name not in dra_served}
     spared = _spare_nodes(ref, chosen, snapshot, [name for name, count in requests.items() if count > 0], out)
     if spared is not chosen:
         chosen, edits = spared, _class_edits(policy, ref, spared)
     judged = edits if mode == "mutate" else [e for e in edits if not _is_runtime_edit(ref, e)]
-    result = inventory.assess(snapshot, inventory.placement(ref.spec, ref.spec_path, judged), requests, chosen.name)
+    result = inventory.assess(snapshot, inventory.placement(ref.spec, ref.spec_path, judged), placed, chosen.name,
+                              dra_served)
     for rule, message in result.findings:
         out.add(rule, message)
     _check_shared_gpus(policy, snapshot, result.final, requests, per_resource, out)

@@ -318,8 +318,10 @@ class Assessment:
     keep_runtime_class: bool = True
 
 
-def assess(snapshot: Snapshot, where: Placement, requests: Mapping[str, int], class_name: str) -> Assessment:
-    """All inventory checks of one GPU pod spec (`requests`: resource -> the Pod's effective count)."""
+def assess(snapshot: Snapshot, where: Placement, requests: Mapping[str, int], class_name: str,
+           dra_served: frozenset[str] = frozenset()) -> Assessment:
+    """All inventory checks of one GPU pod spec (`requests`: resource -> the Pod's effective count; `dra_served`:
+    those of them the rules say DRA may serve, judged only where the DRA objects are known)."""
     findings: list[Finding] = []
     keep = True
     problem = runtime_class_problem(snapshot, where, class_name)
@@ -330,7 +332,8 @@ def assess(snapshot: Snapshot, where: Placement, requests: Mapping[str, int], cl
     final = with_runtime_class(where, runtime)
     for resource, count in sorted(requests.items()):
         if count > 0:
-            findings.extend(capacity_findings(snapshot, final, resource, count, class_name))
+            findings.extend(capacity_findings(snapshot, final, resource, count, class_name,
+                                              dra_only=resource in dra_served))
     return Assessment(final, tuple(findings), keep)
 
 
@@ -355,8 +358,9 @@ def runtime_class_problem(snapshot: Snapshot, where: Placement, class_name: str)
 
 
 def capacity_findings(snapshot: Snapshot, where: Placement, resource: str, count: int,
-                      class_name: str) -> list[Finding]:
-    """gpu-never-schedulable or gpu-class-no-node for one resource, or nothing when some node fits.
+                      class_name: str, *, dra_only: bool = False) -> list[Finding]:
+    """gpu-never-schedulable or gpu-class-no-node for one resource, or nothing when some node fits (or, for a
+    resource the rules say DRA serves (`dra_only`), when the DRA objects are not known).
 
     Reads the index's answer for the placement (O(1) once the query is tracked); only a Pod that no device plugin's
     node fits asks the DRA devices of a DeviceClass that serves `resource` (KEP-5004: `webhook.policy.dra_extended`),
@@ -365,7 +369,7 @@ def capacity_findings(snapshot: Snapshot, where: Placement, resource: str, count
     if eligible.largest is not None and count <= eligible.largest[0]:
         return []
     dra = dra_offer(snapshot.dra, resource, count, _dra_landing(snapshot, where, resource))
-    if dra is not None and dra.fits:
+    if (dra is not None and dra.fits) or (dra is None and dra_only):
         return []
     selector = where.describe_selector()
     served = (f" or has devices of DeviceClass {dra.device_class} (which serves {resource} through DRA)"
