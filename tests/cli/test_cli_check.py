@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 import subprocess
 import sys
@@ -338,3 +339,35 @@ def test_a_cluster_scoped_object_is_shown_without_a_namespace() -> None:
     result = check("-", stdin="apiVersion: v1\nkind: Namespace\nmetadata: {name: gpu-test1}\n")
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith("ALLOWED Namespace gpu-test1 (<stdin>:1)"), result.stdout
+
+
+def test_check_nodes_counts_the_dra_devices_that_serve_nvidia_gpu(tmp_path: Path) -> None:
+    """KEP-5004 offline: the H200 node without a device plugin, its DRA slice (one GPU) and the DeviceClass mapping
+    nvidia.com/gpu: the seed's Pod is served there once the node carries the class's labels; two GPUs are never
+    schedulable; without the labels the warning names the label the node lacks."""
+    dra = REPO / "tests" / "data" / "dra"
+    node = json.loads((REAL / "node-h200.json").read_text())
+    for field in ("allocatable", "capacity"):
+        node["status"][field].pop("nvidia.com/gpu")
+    device_class = json.loads((dra / "deviceclass-gpu.nvidia.com.json").read_text())
+    device_class["spec"]["extendedResourceName"] = "nvidia.com/gpu"
+    slices = json.loads((dra / "resourceslice-nvidia-h200-composed.json").read_text())
+
+    def dump(labels: dict[str, str]) -> str:
+        labelled = copy.deepcopy(node)
+        labelled["metadata"]["labels"].update(labels)
+        path = tmp_path / f"cluster-{len(labels)}.yaml"
+        path.write_text(yaml.safe_dump({"apiVersion": "v1", "kind": "List", "items": [labelled, slices, device_class]}))
+        return str(path)
+
+    _, [unlabelled] = as_json(seed_file(tmp_path), "--nodes", dump({}))
+    assert any(w.startswith("[gpu-class-no-node]") and "1 node(s) have devices of DeviceClass gpu.nvidia.com but "
+               "none matches (kit-gpu-node: gpu-type=t4 (node has no such label))" in w
+               for w in unlabelled["warnings"]), unlabelled["warnings"]
+    code, [served] = as_json(seed_file(tmp_path), "--nodes", dump({"gpu-type": "t4"}))
+    assert code == 0 and served["warnings"] == [], served["warnings"]
+    result = check(seed_file(tmp_path, 2), "--nodes", dump({"gpu-type": "t4"}))
+    assert result.returncode == 1, result.stdout
+    assert ("deny: [gpu-never-schedulable] the Pod asks for 2 nvidia.com/gpu but the most any Ready node of class "
+            "workload=inference,gpu-type=t4 (nodeSelector gpu-type=t4, workload=inference) offers is 1 (kit-gpu-node: "
+            "devices of DeviceClass gpu.nvidia.com, through DRA)") in result.stdout

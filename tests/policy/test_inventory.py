@@ -434,16 +434,21 @@ ALL_NODES["spec"] = {**{k: v for k, v in ALL_NODES["spec"].items() if k != "node
                      ["[gpu-class-no-node] class workload=inference,gpu-type=t4 (nodeSelector gpu-type=t4, "
                       "workload=inference) matches no Ready node that advertises nvidia.com/gpu or has devices of "
                       "DeviceClass gpu.nvidia.com (which serves nvidia.com/gpu through DRA), so the Pod would stay "
-                      "Pending: no Ready node it selects and tolerates has a device of DeviceClass gpu.nvidia.com in a "
-                      "ResourceSlice; check that the DRA driver runs on the class's nodes"],
+                      "Pending: no ResourceSlice of a node has a device of DeviceClass gpu.nvidia.com; check that the "
+                      "DRA driver runs on the GPU nodes (kubectl get resourceslices)"],
                      id="no-slices"),
         pytest.param(pod(1, labels=TRAINING), dra_snap(*DRA_ONLY, slices=DRA_SLICES),
-                     ["[gpu-class-no-node]"], id="devices-on-nodes-of-another-class"),
+                     ["so the Pod would stay Pending: 2 node(s) have devices of DeviceClass gpu.nvidia.com but none "
+                      "matches (t4-dra-1: gpu-type=a100 (node has t4), workload=training (node has inference) | "
+                      "t4-dra-2: gpu-type=a100 (node has t4), workload=training (node has inference)); pick the class "
+                      "you meant with the class labels"], id="devices-on-nodes-of-another-class"),
         pytest.param(pod(1), dra_snap(*(dataclasses.replace(n, ready=False) for n in DRA_ONLY), slices=DRA_SLICES),
-                     ["[gpu-class-no-node]"], id="dra-nodes-not-ready"),
+                     ["the matching node(s) t4-dra-1, t4-dra-2 with devices of DeviceClass gpu.nvidia.com are not "
+                      "Ready; wait for them"], id="dra-nodes-not-ready"),
         pytest.param(pod(1), dra_snap(*(dataclasses.replace(n, taints=(Taint("dedicated", "x", "NoSchedule"),))
                                         for n in DRA_ONLY), slices=DRA_SLICES),
-                     ["[gpu-class-no-node]"], id="dra-nodes-tainted"),
+                     ["the matching nodes carry taints the Pod does not tolerate (t4-dra-1: dedicated=x:NoSchedule | "
+                      "t4-dra-2: dedicated=x:NoSchedule); add a toleration to the class"], id="dra-nodes-tainted"),
         pytest.param(pod(1), dra_snap(*(dataclasses.replace(n, allocatable={"nvidia.com/gpu": 1}) for n in DRA_ONLY),
                                       slices=(gpu_slice("t4-dra-1", T4, 4),)), [], id="device-plugin-node-fits"),
         pytest.param(pod(2), dra_snap(*(dataclasses.replace(n, allocatable={"nvidia.com/gpu": 1}) for n in DRA_ONLY),

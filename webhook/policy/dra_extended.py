@@ -15,12 +15,15 @@ Pure: reads a `DraView`; which nodes the Pod may land on is the caller's predica
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Any
 
 from webhook.policy.device_selectors import DeviceQuery
-from webhook.policy.dra_inventory import DeviceSummary, DraView
+from webhook.policy.dra_inventory import SHOWN, DeviceSummary, DraView
+from webhook.policy.node_match import selector_mismatches, untolerated
+from webhook.policy.snapshot import Node
 
 
 @dataclass(frozen=True)
@@ -85,3 +88,28 @@ def devices_per_node(view: DraView, resource: str) -> dict[str, int]:
     query = _query(served.selectors) if served is not None else None
     groups = view.nodes_by_count(query) if query is not None else None
     return {node: have for have, nodes in groups or () for node in nodes if node}
+
+
+def no_device_reason(view: DraView, resource: str, device_class: str, nodes: Mapping[str, Node],
+                     selects: Callable[[Node], bool], node_selector: Mapping[str, str],
+                     tolerations: Sequence[Mapping[str, Any]]) -> str:
+    """Why no node the Pod may land on has a device of `device_class` (which serves `resource`) where no device
+    plugin advertises `resource` at all, in the words of the most likely cause, as
+    `webhook.policy.inventory.no_node_reason` says it for the device plugins' nodes."""
+    having = sorted(name for name in devices_per_node(view, resource) if name in nodes)
+    if not having:
+        return (f"no ResourceSlice of a node has a device of DeviceClass {device_class}; check that the DRA driver "
+                "runs on the GPU nodes (kubectl get resourceslices)")
+    chosen = [nodes[name] for name in having if selects(nodes[name])]
+    if not chosen:
+        shown = " | ".join(f"{name}: {', '.join(selector_mismatches(nodes[name], node_selector)) or 'node affinity'}"
+                           for name in having[:SHOWN])
+        return (f"{len(having)} node(s) have devices of DeviceClass {device_class} but none matches ({shown}); pick "
+                "the class you meant with the class labels")
+    blocked = [(n, taints) for n in chosen if (taints := untolerated(n, tolerations))]
+    if len(blocked) == len(chosen):
+        shown = " | ".join(f"{n.name}: {', '.join(map(str, taints))}" for n, taints in blocked[:SHOWN])
+        return f"the matching nodes carry taints the Pod does not tolerate ({shown}); add a toleration to the class"
+    not_ready = [n.name for n in chosen if not n.ready]
+    return (f"the matching node(s) {', '.join(not_ready[:SHOWN])} with devices of DeviceClass {device_class} are "
+            "not Ready; wait for them, or pick another class with the class labels")

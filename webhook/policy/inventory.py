@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from webhook.policy.claims import Claim
-from webhook.policy.dra_extended import dra_offer
+from webhook.policy.dra_extended import dra_offer, no_device_reason
 from webhook.policy.findings import Edit
 from webhook.policy.node_index import SHOWN, NodeView, Query, Summary, canonical
 from webhook.policy.node_match import (
@@ -376,8 +376,8 @@ def capacity_findings(snapshot: Snapshot, where: Placement, resource: str, count
               if dra is not None else "")
     if eligible.largest is None and (dra is None or dra.largest is None):
         why = no_node_reason(snapshot, where, resource) if dra is None or snapshot.index.offers(resource) else (
-            f"no Ready node it selects and tolerates has a device of DeviceClass {dra.device_class} in a "
-            "ResourceSlice; check that the DRA driver runs on the class's nodes (kubectl get resourceslices)")
+            no_device_reason(snapshot.dra, resource, dra.device_class, snapshot.index.nodes,
+                             lambda node: selects(node, where), where.node_selector, where.tolerations))
         return [("gpu-class-no-node",
                  f"class {class_name} (nodeSelector {selector}) matches no Ready node that advertises "
                  f"{resource}{served}, so the Pod would stay Pending: {why}")]
