@@ -455,8 +455,9 @@ def params_object(policy: Policy) -> Json:
 def hybrid_match_conditions(policy: Policy) -> list[Json]:
     """The matchConditions that narrow the *mutating* webhook, in hybrid mode, to the Pods native mode defers (and
     anything not a Pod, as DRA claims and templates):
-    required node affinity, or a GPU resource with `validFor` (compiled from the rules: a webhook's match
-    conditions cannot read params). The validating webhook keeps every GPU Pod: the cluster-aware rules."""
+    required node affinity on a Pod that may ask for a GPU (a resource other than cpu, memory, ephemeral-storage,
+    hugepages-*, or DRA claims: the engine leaves any other Pod unplaced), or a GPU resource with `validFor`
+    (compiled from the rules: a webhook's match conditions cannot read params)."""
     patterns = [_resource_regex(r.pattern) for r in policy.resources if r.valid_for]
     resources = " || ".join(f"r.matches(r'{p}')" for p in patterns) or "false"  # CEL raw strings
     deferred = (
@@ -464,10 +465,19 @@ def hybrid_match_conditions(policy: Policy) -> list[Json]:
         # either side is, so the Pod fields below, absent from a claim, are not an error then.
         "request.resource.resource != 'pods' || "
         "(has(object.spec.affinity) && has(object.spec.affinity.nodeAffinity) && "
-        "has(object.spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution)) || "
+        "has(object.spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution) && "
+        f"({native_cel.resources_guard('object.spec')})) || "
         "(object.spec.containers + (has(object.spec.initContainers) ? object.spec.initContainers : [])).exists(c, "
         f"has(c.resources) && has(c.resources.limits) && c.resources.limits.exists(r, {resources}))")
     return [{"name": "deferred-by-native-mode", "expression": deferred}]
+
+
+def hybrid_validating_conditions() -> list[Json]:
+    """The matchCondition that narrows the *validating* webhook in hybrid mode to what the policies cannot judge
+    alone: GPU Pods and workloads (the rules that need the live cluster), Pods with DRA claims, and DRA claims.
+    A Pod or workload that asks for no resource that may be a GPU is the policies' alone (its only rules are the
+    three *-without-request warnings), so it never makes the hop. The same for every rule set."""
+    return [native_cel.webhook_guard()]
 
 
 def render(policy: Policy, mode: Mode = "native") -> list[Json]:

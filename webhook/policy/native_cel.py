@@ -321,7 +321,7 @@ def _other_names(table: str) -> str:
             "!r.startsWith('hugepages-')))")
 
 
-def _resources_guard(s: str) -> str:
+def resources_guard(s: str) -> str:
     """Pod spec `s` asks for a resource that may be a GPU (containers, init containers, pod-level), or has DRA
     claims. Reads resource names only, no params and no quantities."""
     def asks(c: str) -> str:
@@ -352,10 +352,19 @@ def _by_spec(check: Callable[[str], str]) -> str:
     return " : ".join([*branches, f"({check(last)})"])
 
 
+def webhook_guard() -> Json:
+    """Hybrid mode's validating webhook: the objects the native policies cannot judge alone. A Pod or workload
+    template that asks for a resource that may be a GPU, or has DRA claims (the live-cluster rules), and every DRA
+    claim and claim template. The rest (a CPU-only Pod: at most the three *-without-request rules) is the policies'.
+    Resource names only, no params (a webhook's matchConditions cannot read them)."""
+    return {"name": "may-concern-gpus",
+            "expression": f"request.resource.group == 'resource.k8s.io' || ({_by_spec(resources_guard)})"}
+
+
 def gpu_guard() -> Json:
     """The mutating policy's matchCondition: a Pod that asks for no resource that may be a GPU is not read further
     (a false matchCondition skips the variables and the patch). Resource names only, no params."""
-    return {"name": "may-concern-gpus", "expression": _resources_guard("object.spec")}
+    return {"name": "may-concern-gpus", "expression": resources_guard("object.spec")}
 
 
 def level_guard(level: str) -> Json:
@@ -364,7 +373,7 @@ def level_guard(level: str) -> Json:
     when the params put a rule of its group at this level (`levels`). A CPU-only Pod, or a GPU Pod when no GPU rule
     is at the level, ends here: no variables, validations or messages are evaluated."""
     def check(s: str) -> str:
-        return (f"('{level}' in {P}.levels.gpu && ({_resources_guard(s)})) || "
+        return (f"('{level}' in {P}.levels.gpu && ({resources_guard(s)})) || "
                 f"('{level}' in {P}.levels.unaccounted && ({_unaccounted_guard(s)}))")
     return {"name": f"rules-at-{level}-may-concern-it", "expression": _by_spec(check)}
 
