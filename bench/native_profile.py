@@ -2,7 +2,9 @@
 
     python bench/native_profile.py [--creates 150]
 
-Starts the e2e control plane, unregisters gpu-webhook, applies the native policies and unbinds the warn policy.
+Starts the e2e control plane, unregisters gpu-webhook and applies the native policies. It measures them as
+rendered (the warn policy bound: what its matchCondition leaves to do for the Pod) and with the warn policy unbound,
+alternately for `--level-rounds` rounds (`--levels-only`: then stops), and leaves the warn policy unbound.
 Then it replaces the deny policy's validations with: all of them, none (`true`), and each one alone. For each
 variant it makes `--creates` server-side dry-run creates of a one-GPU Pod and prints the growth of the API
 server's `apiserver_admission_controller_admission_duration_seconds_sum` per Pod for the
@@ -43,6 +45,9 @@ def _plugin_seconds(cluster: Cluster) -> tuple[float, float]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--creates", type=int, default=150, help="dry-run creates per variant (default 150)")
+    parser.add_argument("--level-rounds", type=int, default=1,
+                        help="rounds of (warn policy bound, unbound) before the deny policy's variants (default 1)")
+    parser.add_argument("--levels-only", action="store_true", help="stop after those rounds")
     args = parser.parse_args()
 
     from kubernetes import client
@@ -50,11 +55,38 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="native-profile-") as tmp, running_cluster(Path(tmp)) as cluster:
         remove_webhooks(cluster)
         apply_native(cluster)
-        cluster.kubectl("delete", "validatingadmissionpolicybinding", "gpu-webhook.io-warn")
         cluster.ensure_namespace("profile")
         core = client.CoreV1Api(cluster.api())
         pod = gpu_pod("unused")
         pod["metadata"] = {"generateName": "profile-"}
+
+        def measure(name: str) -> None:
+            for _ in range(20):
+                core.create_namespaced_pod("profile", pod, dry_run="All", _preload_content=False)
+            vap0, map0 = _plugin_seconds(cluster)
+            started = time.perf_counter()
+            for _ in range(args.creates):
+                core.create_namespaced_pod("profile", pod, dry_run="All", _preload_content=False)
+            wall = (time.perf_counter() - started) / args.creates
+            vap1, map1 = _plugin_seconds(cluster)
+            print(f"{name:<64} VAP {1000 * (vap1 - vap0) / args.creates:6.3f} ms/Pod   "
+                  f"MAP {1000 * (map1 - map0) / args.creates:6.3f} ms/Pod   wall {1000 * wall:6.2f} ms", flush=True)
+
+        binding: dict[str, Any] = yaml.safe_load(cluster.kubectl(
+            "get", "validatingadmissionpolicybinding", "gpu-webhook.io-warn", "-o", "yaml").stdout)
+        binding["metadata"] = {"name": binding["metadata"]["name"]}
+        for _ in range(100):  # the first creates after the policies are loaded are slower
+            core.create_namespaced_pod("profile", pod, dry_run="All", _preload_content=False)
+        for round_ in range(args.level_rounds):  # alternated: the machine's load moves both alike
+            if round_:
+                cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(binding))
+                time.sleep(2.5)
+            measure("as rendered (deny and warn policies bound)")
+            cluster.kubectl("delete", "validatingadmissionpolicybinding", "gpu-webhook.io-warn")
+            time.sleep(2.5)
+            measure("the warn policy unbound")
+        if args.levels_only:
+            return 0
         policy: dict[str, Any] = yaml.safe_load(cluster.kubectl(
             "get", "validatingadmissionpolicy", "gpu-webhook.io-deny", "-o", "yaml").stdout)
         policy["metadata"] = {"name": policy["metadata"]["name"]}
@@ -67,16 +99,7 @@ def main() -> int:
             variant["spec"]["validations"] = validations
             cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(variant))
             time.sleep(2.5)  # the API server reloads the policy
-            for _ in range(20):
-                core.create_namespaced_pod("profile", pod, dry_run="All", _preload_content=False)
-            vap0, map0 = _plugin_seconds(cluster)
-            started = time.perf_counter()
-            for _ in range(args.creates):
-                core.create_namespaced_pod("profile", pod, dry_run="All", _preload_content=False)
-            wall = (time.perf_counter() - started) / args.creates
-            vap1, map1 = _plugin_seconds(cluster)
-            print(f"{name:<64} VAP {1000 * (vap1 - vap0) / args.creates:6.3f} ms/Pod   "
-                  f"MAP {1000 * (map1 - map0) / args.creates:6.3f} ms/Pod   wall {1000 * wall:6.2f} ms", flush=True)
+            measure(name)
     return 0
 
 
