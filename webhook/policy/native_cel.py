@@ -36,6 +36,10 @@ UNACCOUNTED_RULES = ("gpu-env-without-request", "gpu-runtime-without-request", "
 GPU_RULES = ("gpu-whole-number", "gpu-limits-required", "gpu-requests-equal-limits", "gpu-per-container-max",
              "gpu-pod-level-resources", "gpu-class-unknown", "gpu-class-not-allowed", "gpu-class-conflict",
              "gpu-class-skipped", "gpu-class-max", "gpu-node-name-preset")
+# Finer groups of the GPU rules, for a GPU object: those that concern it only through its class-table key (and its
+# labels), the one that concerns a Pod with spec.nodeName, and the others (`levels.gpuAlways`).
+SELECTION_RULES = ("gpu-class-unknown", "gpu-class-not-allowed", "gpu-class-skipped")
+NODE_NAME_RULES = ("gpu-node-name-preset",)
 CORE_RESOURCES = ("cpu", "memory", "ephemeral-storage")
 
 _WORKLOAD_RESOURCES = (
@@ -367,14 +371,46 @@ def gpu_guard() -> Json:
     return {"name": "may-concern-gpus", "expression": resources_guard("object.spec")}
 
 
+def _plainly_placed(s: str) -> str:
+    """Pod spec `s` (with its metadata) says about each class axis at most one value, as the MAP's injection does:
+    its axis keys in the nodeSelector are entries of one value's own nodeSelector that admit that value alone
+    (`ownSel`), an axis label names a value and agrees with them, and it asks for no resource of a validFor family.
+    Its class-table key is then one of those `levels.plain` was computed over. No regex."""
+    m = s[: -len("spec")] + "metadata"
+    labels = f"has({m}.labels)" if m == "object.metadata" else f"has({m}) && has({m}.labels)"
+    keys = f"(has({s}.nodeSelector) ? a.keys.filter(k, k in {s}.nodeSelector) : [])"
+    said = f"{keys}.map(k, {P}.ownSel[a.name + '|' + k + '=' + {s}.nodeSelector[k]])"
+    family = f"(!(r in {P}.notFamily) && {P}.validFor.exists(e, r.matches(e.regex) && !(r in e.shadowed)))"
+    asks = (f"(has(c.resources) && ((has(c.resources.limits) && c.resources.limits.exists(r, {family})) || "
+            f"(has(c.resources.requests) && c.resources.requests.exists(r, {family}))))")
+    return (f"has({P}.ownSel) && {P}.axes.all(a, {keys}.all(k, (a.name + '|' + k + '=' + {s}.nodeSelector[k]) in "
+            f"{P}.ownSel) && {said}.all(w, w == {said}[0]) && (!({labels} && a.label in {m}.labels) || "
+            f"({m}.labels[a.label] in a.values && {said}.all(w, w == {m}.labels[a.label])))) && "
+            f"!((has({s}.containers) && {s}.containers.exists(c, {asks})) || "
+            f"(has({s}.initContainers) && {s}.initContainers.exists(c, {asks})))")
+
+
 def level_guard(level: str) -> Json:
     """A validating policy's matchCondition: some rule at `level` may concern the object. The GPU rules when it asks
-    for a resource that may be a GPU, the three *-without-request rules when it has what they look at; each only
-    when the params put a rule of its group at this level (`levels`). A CPU-only Pod, or a GPU Pod when no GPU rule
-    is at the level, ends here: no variables, validations or messages are evaluated."""
+    for a resource that may be a GPU, the three *-without-request rules when it has what they look at and asks for
+    no GPU; each only when the params put a rule of its group at this level (`levels`). For a GPU object, finer:
+    when the level has only selection rules and gpu-node-name-preset, a Pod with spec.nodeName, or one that says more
+    about the class axes than one value each (`_plainly_placed`), unless some such key has a finding at the level
+    (`levels.plain`). A CPU-only Pod, or a GPU Pod no rule at the level can concern, ends here: no variables,
+    validations or messages are evaluated. Params without the finer groups (a CRD older than them prunes them) fall
+    back to the GPU group."""
     def check(s: str) -> str:
-        return (f"('{level}' in {P}.levels.gpu && ({resources_guard(s)})) || "
-                f"('{level}' in {P}.levels.unaccounted && ({_unaccounted_guard(s)}))")
+        node_name = f"has({s}.nodeName) && {s}.nodeName != ''" if s == "object.spec" else "false"
+        finer = (f"!has({P}.levels.gpuAlways) || '{level}' in {P}.levels.gpuAlways || "
+                 f"('{level}' in {P}.levels.nodeName && {node_name}) || ('{level}' in {P}.levels.selection && "
+                 f"('{level}' in {P}.levels.plain || !({_plainly_placed(s)})))")
+        # The *-without-request rules concern only an object without a GPU; the class the MAP injects into a GPU Pod
+        # (a runtimeClassName, the GPU tolerations) would pass their guard. A container asking for an exact GPU name
+        # a quantity that is not 0 makes it a GPU object (`anyGPU`).
+        gpu = (f"(has({s}.containers) && {s}.containers.exists(c, has(c.resources) && has(c.resources.limits) && "
+               f"c.resources.limits.exists(r, r in {P}.gpuExact && {_nonzero('c.resources.limits[r]')})))")
+        return (f"('{level}' in {P}.levels.gpu && ({resources_guard(s)}) && ({finer})) || "
+                f"('{level}' in {P}.levels.unaccounted && ({_unaccounted_guard(s)}) && !{gpu})")
     return {"name": f"rules-at-{level}-may-concern-it", "expression": _by_spec(check)}
 
 
