@@ -136,7 +136,10 @@ def _variables_gpu() -> list[tuple[str, str]]:
         ("deferred", "has(variables.spec.affinity) && has(variables.spec.affinity.nodeAffinity) && "
                      "has(variables.spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution)"),
         # The validFor families the Pod asks for (in limits or requests), and the first container asking.
-        ("vf", f"{P}.validFor.filter(e, (variables.spec.containers + variables.initial).exists(c, "
+        ("vf", "(variables.spec.containers + variables.initial).all(c, !has(c.resources) || ((!has(c.resources.limits) "
+               f"|| c.resources.limits.all(r, r in {P}.notFamily)) && (!has(c.resources.requests) || "
+               f"c.resources.requests.all(r, r in {P}.notFamily)))) ? [] : "
+               f"{P}.validFor.filter(e, (variables.spec.containers + variables.initial).exists(c, "
                "has(c.resources) && ((has(c.resources.limits) && c.resources.limits.exists(r, " + _FAMILY + ")) "
                "|| (has(c.resources.requests) && c.resources.requests.exists(r, " + _FAMILY + ")))))"),
         ("vfContainers", "size(variables.vf) == 0 ? [] : (variables.initial + variables.spec.containers).filter(c, "
@@ -156,8 +159,11 @@ def _variables_gpu() -> list[tuple[str, str]]:
         ("nsKey", f"request.namespace in {P}.namespaces ? {P}.namespaces[request.namespace] : '*'"),
         ("key", f"variables.nsKey + {P}.axes.map(a, '#' + (a.label in variables.labels ? variables.labels[a.label] "
                 ": '') + '=' + (a.keys.exists(k, k in variables.sel) ? a.values.filter(v, a.keys.all(k, "
-                "!(k in variables.sel) || ((a.name + '|' + v + '|' + k) in params.spec.aliases && "
-                "variables.sel[k].matches(params.spec.aliases[a.name + '|' + v + '|' + k])))).join(',') : '*') + '/' + "
+                # An entry of a value's own nodeSelector (what the MAP injects) admits that value alone: no regex.
+                "!(k in variables.sel) || (has(params.spec.ownSel) && (a.name + '|' + k + '=' + variables.sel[k]) in "
+                "params.spec.ownSel ? params.spec.ownSel[a.name + '|' + k + '=' + variables.sel[k]] == v : "
+                "((a.name + '|' + v + '|' + k) in params.spec.aliases && variables.sel[k].matches("
+                "params.spec.aliases[a.name + '|' + v + '|' + k]))))).join(',') : '*') + '/' + "
                 "(variables.vf.exists(e, a.name in e.values) ? a.values.filter(v, variables.vf.filter(e, a.name in "
                 "e.values).all(e, v in e.values[a.name])).join(',') : '*'))"
                 ".join('')"),
