@@ -52,6 +52,9 @@ def main() -> int:
     parser.add_argument("--level-rounds", type=int, default=1,
                         help="rounds of (warn policy bound, unbound) before the deny policy's variants (default 1)")
     parser.add_argument("--levels-only", action="store_true", help="stop after those rounds")
+    parser.add_argument("--shapes", type=int, default=0, metavar="ROUNDS",
+                        help="instead of each validation alone: all, all with constant messages, all in one "
+                             "validation and none, for ROUNDS rounds")
     parser.add_argument("--against", type=Path, metavar="CHECKOUT",
                         help="instead: alternate the policies of this checkout with those of CHECKOUT (another "
                              "commit's tree; its webhook package renders them), as rendered, for --level-rounds "
@@ -117,6 +120,12 @@ def main() -> int:
         every = policy["spec"]["validations"]
         variants = [("all", every), ("none", [{"expression": "true"}])] + [
             (f"only {i}: {v['messageExpression'][:48]}", [v]) for i, v in enumerate(every)]
+        if args.shapes:  # the same checks, fewer programs: what the API server's per-expression work costs
+            merged = " || ".join(v["expression"][1:] for v in every)  # each is !variables.failedN
+            variants = [
+                *[("all", every), ("all, constant messages", [{**v, "messageExpression": "'x'"} for v in every]),
+                  ("all, one validation", [{"expression": f"!({merged})", "messageExpression": "'x'"}]),
+                  ("none", [{"expression": "true"}])] * args.shapes]
         for name, validations in variants:
             variant = copy.deepcopy(policy)
             variant["spec"]["validations"] = validations
