@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -87,13 +88,26 @@ def test_the_live_cluster_rules_still_speak(hybrid: Cluster) -> None:
     assert "[gpu-never-schedulable]" in done.stderr and 'admission webhook "validate.gpu-webhook.io"' in done.stderr
 
 
+def _settled(cluster: Cluster) -> tuple[float, float]:
+    """The (mutate, validate) review counts once they have not moved for 1.5 s (a review may be counted a moment
+    after the API server has its answer)."""
+    last: tuple[float, float] | None = None
+    since = time.monotonic()
+    while True:
+        now = _reviews(cluster, "mutate"), _reviews(cluster, "validate")
+        if now != last:
+            last, since = now, time.monotonic()
+        elif time.monotonic() - since >= 1.5:
+            return now
+        time.sleep(0.2)
+
+
 def _after_a_gpu_pod(cluster: Cluster) -> tuple[float, float]:
-    """The (mutate, validate) review counts once a plain GPU Pod created now has been validated: the webhook
-    answers in order, so whatever was created before it has been counted too."""
-    validate = _reviews(cluster, "validate")
+    """The settled (mutate, validate) review counts once a plain GPU Pod created now has been validated."""
+    validate = _settled(cluster)[1]
     assert _create(cluster, gpu_pod("barrier")).returncode == 0
     wait_until(lambda: _reviews(cluster, "validate") > validate, 10, "the barrier Pod's review to be counted")
-    return _reviews(cluster, "mutate"), _reviews(cluster, "validate")
+    return _settled(cluster)
 
 
 def test_a_cpu_only_pod_never_reaches_the_webhook_and_still_gets_the_native_warnings(hybrid: Cluster) -> None:
