@@ -10,9 +10,10 @@ Starts the e2e control plane (tests/e2e/cluster.py; it registers gpu-webhook), a
            bound to Pods, no params: the least any in-process policy costs on this API server. Read every native
            figure against it;
 - native:  the MutatingAdmissionPolicy and the ValidatingAdmissionPolicies only;
-- hybrid:  the native policies, plus the validating webhook (the cluster-aware rules) and the mutating webhook
-           narrowed by matchConditions to the Pods native mode defers (`native.hybrid_match_conditions`): a plain
-           GPU Pod is not sent to it;
+- hybrid:  the native policies, plus the validating webhook narrowed to GPU Pods (the cluster-aware rules;
+           `native.hybrid_validating_conditions`) and the mutating webhook narrowed to the Pods native mode defers
+           (`native.hybrid_match_conditions`): a plain GPU Pod is sent to the validating webhook only, a CPU-only
+           Pod to neither;
 - webhook: the mutating and validating webhooks, as shipped (today's deployment).
 
 Then `--creates` rounds, each creating one one-GPU Pod per mode in a shuffled order, so that all modes see the
@@ -109,8 +110,13 @@ def _configure(cluster: Cluster) -> None:
     narrowed["namespaceSelector"] = _in_modes(narrowed["namespaceSelector"], ["hybrid"])
     narrowed["matchConditions"] = narrowed.get("matchConditions", []) + native.hybrid_match_conditions(policy)
     mutating["webhooks"].append(narrowed)
-    for vhook in validating["webhooks"]:
-        vhook["namespaceSelector"] = _in_modes(vhook["namespaceSelector"], ["webhook", "hybrid"])
+    (vhook,) = validating["webhooks"]
+    vnarrowed = copy.deepcopy(vhook)
+    vhook["namespaceSelector"] = _in_modes(vhook["namespaceSelector"], ["webhook"])
+    vnarrowed["name"] = "hybrid.validate.gpu-webhook.io"
+    vnarrowed["namespaceSelector"] = _in_modes(vnarrowed["namespaceSelector"], ["hybrid"])
+    vnarrowed["matchConditions"] = vnarrowed.get("matchConditions", []) + native.hybrid_validating_conditions()
+    validating["webhooks"].append(vnarrowed)
     cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump_all([mutating, validating]))
     for mode in MODES:
         labels = {MODE_LABEL: mode} | ({"gpu-webhook.io/ignore": "true"} if mode == "none" else {})

@@ -2,7 +2,10 @@
 
     python bench/native_profile.py [--creates 150]
 
-Starts the e2e control plane, unregisters gpu-webhook, applies the native policies and unbinds the warn policy.
+Starts the e2e control plane, unregisters gpu-webhook and applies the native policies. It measures them as
+rendered (the warn policy bound: what its matchCondition leaves to do for the Pod) and with the warn policy unbound,
+alternately for `--level-rounds` rounds (`--levels-only`: then stops), and leaves the warn policy unbound.
+`--against CHECKOUT` alternates instead the policies as rendered here and as another tree renders them.
 Then it replaces the deny policy's validations with: all of them, none (`true`), and each one alone. For each
 variant it makes `--creates` server-side dry-run creates of a one-GPU Pod and prints the growth of the API
 server's `apiserver_admission_controller_admission_duration_seconds_sum` per Pod for the
@@ -14,6 +17,9 @@ from __future__ import annotations
 
 import argparse
 import copy
+import json
+import os
+import subprocess
 import sys
 import tempfile
 import time
@@ -24,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "e2e")
 
 import yaml
 from cluster import Cluster, gpu_pod, running_cluster
-from test_15_native import apply_native, remove_webhooks
+from test_15_native import apply_native, remove_webhooks, render
 
 PLUGIN_SUM = "apiserver_admission_controller_admission_duration_seconds_sum{name=\"%s\",operation=\"CREATE\""
 
@@ -43,6 +49,16 @@ def _plugin_seconds(cluster: Cluster) -> tuple[float, float]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--creates", type=int, default=150, help="dry-run creates per variant (default 150)")
+    parser.add_argument("--level-rounds", type=int, default=1,
+                        help="rounds of (warn policy bound, unbound) before the deny policy's variants (default 1)")
+    parser.add_argument("--levels-only", action="store_true", help="stop after those rounds")
+    parser.add_argument("--shapes", type=int, default=0, metavar="ROUNDS",
+                        help="instead of each validation alone: all, all with constant messages, all in one "
+                             "validation and none, for ROUNDS rounds")
+    parser.add_argument("--against", type=Path, metavar="CHECKOUT",
+                        help="instead: alternate the policies of this checkout with those of CHECKOUT (another "
+                             "commit's tree; its webhook package renders them), as rendered, for --level-rounds "
+                             "rounds, on this checkout's params")
     args = parser.parse_args()
 
     from kubernetes import client
@@ -50,23 +66,12 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="native-profile-") as tmp, running_cluster(Path(tmp)) as cluster:
         remove_webhooks(cluster)
         apply_native(cluster)
-        cluster.kubectl("delete", "validatingadmissionpolicybinding", "gpu-webhook.io-warn")
         cluster.ensure_namespace("profile")
         core = client.CoreV1Api(cluster.api())
         pod = gpu_pod("unused")
         pod["metadata"] = {"generateName": "profile-"}
-        policy: dict[str, Any] = yaml.safe_load(cluster.kubectl(
-            "get", "validatingadmissionpolicy", "gpu-webhook.io-deny", "-o", "yaml").stdout)
-        policy["metadata"] = {"name": policy["metadata"]["name"]}
-        policy.pop("status", None)
-        every = policy["spec"]["validations"]
-        variants = [("all", every), ("none", [{"expression": "true"}])] + [
-            (f"only {i}: {v['messageExpression'][:48]}", [v]) for i, v in enumerate(every)]
-        for name, validations in variants:
-            variant = copy.deepcopy(policy)
-            variant["spec"]["validations"] = validations
-            cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(variant))
-            time.sleep(2.5)  # the API server reloads the policy
+
+        def measure(name: str) -> None:
             for _ in range(20):
                 core.create_namespaced_pod("profile", pod, dry_run="All", _preload_content=False)
             vap0, map0 = _plugin_seconds(cluster)
@@ -77,6 +82,56 @@ def main() -> int:
             vap1, map1 = _plugin_seconds(cluster)
             print(f"{name:<64} VAP {1000 * (vap1 - vap0) / args.creates:6.3f} ms/Pod   "
                   f"MAP {1000 * (map1 - map0) / args.creates:6.3f} ms/Pod   wall {1000 * wall:6.2f} ms", flush=True)
+
+        if args.against is not None:
+            ours = [d for d in render() if d["kind"].endswith("AdmissionPolicy")]
+            theirs = [d for d in json.loads(subprocess.run(
+                [sys.executable, "-c", "import json; from webhook.policy import native_cel; "
+                 "print(json.dumps(native_cel.policies()))"], cwd=args.against, check=True, capture_output=True,
+                text=True, env={**os.environ, "PYTHONPATH": str(args.against)}).stdout)
+                if d["kind"].endswith("AdmissionPolicy")]
+            for _ in range(100):
+                core.create_namespaced_pod("profile", pod, dry_run="All", _preload_content=False)
+            for _ in range(args.level_rounds):
+                for name, policies in (("this checkout", ours), (str(args.against), theirs)):
+                    cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(policies))
+                    time.sleep(2.5)
+                    measure(name)
+            return 0
+        binding: dict[str, Any] = yaml.safe_load(cluster.kubectl(
+            "get", "validatingadmissionpolicybinding", "gpu-webhook.io-warn", "-o", "yaml").stdout)
+        binding["metadata"] = {"name": binding["metadata"]["name"]}
+        for _ in range(100):  # the first creates after the policies are loaded are slower
+            core.create_namespaced_pod("profile", pod, dry_run="All", _preload_content=False)
+        for round_ in range(args.level_rounds):  # alternated: the machine's load moves both alike
+            if round_:
+                cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(binding))
+                time.sleep(2.5)
+            measure("as rendered (deny and warn policies bound)")
+            cluster.kubectl("delete", "validatingadmissionpolicybinding", "gpu-webhook.io-warn")
+            time.sleep(2.5)
+            measure("the warn policy unbound")
+        if args.levels_only:
+            return 0
+        policy: dict[str, Any] = yaml.safe_load(cluster.kubectl(
+            "get", "validatingadmissionpolicy", "gpu-webhook.io-deny", "-o", "yaml").stdout)
+        policy["metadata"] = {"name": policy["metadata"]["name"]}
+        policy.pop("status", None)
+        every = policy["spec"]["validations"]
+        variants = [("all", every), ("none", [{"expression": "true"}])] + [
+            (f"only {i}: {v['messageExpression'][:48]}", [v]) for i, v in enumerate(every)]
+        if args.shapes:  # the same checks, fewer programs: what the API server's per-expression work costs
+            merged = " || ".join(v["expression"][1:] for v in every)  # each is !variables.failedN
+            variants = [
+                *[("all", every), ("all, constant messages", [{**v, "messageExpression": "'x'"} for v in every]),
+                  ("all, one validation", [{"expression": f"!({merged})", "messageExpression": "'x'"}]),
+                  ("none", [{"expression": "true"}])] * args.shapes]
+        for name, validations in variants:
+            variant = copy.deepcopy(policy)
+            variant["spec"]["validations"] = validations
+            cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(variant))
+            time.sleep(2.5)  # the API server reloads the policy
+            measure(name)
     return 0
 
 

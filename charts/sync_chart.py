@@ -7,8 +7,10 @@
 - the parts of native mode that do not depend on the rules (webhook.policy.native): the GPUClassMap CRD goes to
   crds/ (Helm installs it before the templates, so the params object finds its kind), and the
   MutatingAdmissionPolicy, the ValidatingAdmissionPolicies and their bindings go to files/native-policies.yaml
-  (templates/native.yaml includes them when mode is native or hybrid). The params object depends on the rules; the
-  user renders it with `gpu-webhook policies render --format helm-values`.
+  (templates/native.yaml includes them when mode is native or hybrid), and the validating webhook's matchCondition
+  of hybrid mode goes to files/hybrid-validating-conditions.yaml (templates/webhooks.yaml). The params object and the
+  mutating webhook's hybrid condition depend on the rules; the user renders them with
+  `gpu-webhook policies render --format helm-values`.
 - the Grafana dashboard and the Prometheus alerts of charts/monitoring.py: the dashboard's JSON to
   files/dashboards/ (templates/grafana-dashboard.yaml) and to manifests/components/grafana-dashboard/, the alert
   groups to files/prometheus-rules.yaml (templates/prometheusrule.yaml fills in the release's job and namespace)
@@ -36,6 +38,7 @@ RULES_DIR = REPO / "rules"
 INDENT = "    "
 CRD_FILE = CHART / "crds" / "gpuclassmaps.gpu-webhook.io.yaml"
 POLICIES_FILE = CHART / "files" / "native-policies.yaml"
+HYBRID_VALIDATING_FILE = CHART / "files" / "hybrid-validating-conditions.yaml"
 DASHBOARD_FILES = (CHART / "files" / "dashboards" / "gpu-webhook.json",
                    REPO / "manifests" / "components" / "grafana-dashboard" / "gpu-webhook.json")
 RULE_GROUPS_FILE = CHART / "files" / "prometheus-rules.yaml"
@@ -104,6 +107,15 @@ def native_policies_text() -> str:
                                                                           width=120)
 
 
+def hybrid_validating_text() -> str:
+    """The validating webhook's extra matchConditions in hybrid mode (the same for every rule set)."""
+    _importable()
+    from webhook.policy import native
+
+    return GENERATED.format(source="native.py") + yaml.safe_dump(native.hybrid_validating_conditions(),
+                                                                   sort_keys=False, width=120)
+
+
 def _monitoring() -> Any:
     """charts/monitoring.py (next to this file; also when run from elsewhere)."""
     here = str(Path(__file__).resolve().parent)
@@ -130,7 +142,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     stale = []
     outputs = ((CHART / "values.schema.json", values_schema_text()), (CHART / "values.yaml", values_text()),
-               (CRD_FILE, native_crd_text()), (POLICIES_FILE, native_policies_text()), *monitoring_outputs())
+               (CRD_FILE, native_crd_text()), (POLICIES_FILE, native_policies_text()),
+               (HYBRID_VALIDATING_FILE, hybrid_validating_text()), *monitoring_outputs())
     for path, wanted in outputs:
         if not path.exists() or path.read_text() != wanted:
             stale.append(path.relative_to(REPO))

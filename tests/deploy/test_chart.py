@@ -651,15 +651,16 @@ def test_native_objects_are_the_compilers(mode_renders: dict[str, list[Doc]], mo
             assert found == wanted
 
 
-def test_hybrid_mode_adds_the_policies_and_narrows_only_the_mutating_webhook(
-        mode_renders: dict[str, list[Doc]]) -> None:
+def test_hybrid_mode_adds_the_policies_and_narrows_both_webhooks(mode_renders: dict[str, list[Doc]]) -> None:
     webhook, hybrid = mode_renders["webhook"], mode_renders["hybrid"]
     assert kinds(hybrid) == kinds(webhook) | NATIVE
     before = only(webhook, "MutatingWebhookConfiguration")["webhooks"][0]["matchConditions"]
     after = only(hybrid, "MutatingWebhookConfiguration")["webhooks"][0]["matchConditions"]
     assert after == before + native.hybrid_match_conditions(PACKAGED_RULES)
-    assert only(hybrid, "ValidatingWebhookConfiguration")["webhooks"] == only(
-        webhook, "ValidatingWebhookConfiguration")["webhooks"]
+    (plain,) = only(webhook, "ValidatingWebhookConfiguration")["webhooks"]
+    (narrowed,) = only(hybrid, "ValidatingWebhookConfiguration")["webhooks"]
+    assert narrowed["matchConditions"] == plain["matchConditions"] + native.hybrid_validating_conditions()
+    assert {**narrowed, "matchConditions": []} == {**plain, "matchConditions": []}
 
 
 @pytest.mark.parametrize("mode", ["native", "hybrid"])

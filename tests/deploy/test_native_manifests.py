@@ -19,12 +19,15 @@ def test_the_committed_native_policies_are_the_render_of_the_shipped_rules() -> 
         "manifests/native/policies.yaml`")
 
 
-def test_the_hybrid_component_narrows_the_mutating_webhook_as_the_compiler_says() -> None:
+def test_the_hybrid_component_narrows_both_webhooks_as_the_compiler_says() -> None:
     component = yaml.safe_load((REPO / "manifests" / "components" / "hybrid" / "kustomization.yaml").read_text())
     assert component["resources"] == ["../../native"]
-    (patch,) = component["patches"]
-    assert patch["target"] == {"kind": "MutatingWebhookConfiguration", "name": "gpu-webhook"}
-    (operation,) = yaml.safe_load(patch["patch"])
-    assert operation["path"] == "/webhooks/0/matchConditions/-"
-    assert [operation["value"]] == native.hybrid_match_conditions(load_policy(REPO / "rules")), (
-        "manifests/components/hybrid is stale: put native.hybrid_match_conditions(rules) in its patch")
+    mutating, validating = component["patches"]
+    wanted = [("MutatingWebhookConfiguration", native.hybrid_match_conditions(load_policy(REPO / "rules"))),
+              ("ValidatingWebhookConfiguration", native.hybrid_validating_conditions())]
+    for patch, (kind, conditions) in zip((mutating, validating), wanted, strict=True):
+        assert patch["target"] == {"kind": kind, "name": "gpu-webhook"}
+        (operation,) = yaml.safe_load(patch["patch"])
+        assert operation["path"] == "/webhooks/0/matchConditions/-"
+        assert [operation["value"]] == conditions, (
+            f"manifests/components/hybrid is stale: put the compiler's conditions in its {kind} patch")

@@ -65,19 +65,31 @@ def remove_webhooks(cluster: Cluster) -> None:
     cluster.stop_webhook()
 
 
+def narrow_for_hybrid(cluster: Cluster) -> None:
+    """Patch the registered webhook configurations as manifests/components/hybrid does (both of its patches)."""
+    component = yaml.safe_load((REPO / "manifests" / "components" / "hybrid" / "kustomization.yaml").read_text())
+    for patch in component["patches"]:
+        cluster.kubectl("patch", patch["target"]["kind"].lower(), patch["target"]["name"], "--type=json",
+                        "-p", json.dumps(yaml.safe_load(patch["patch"])))
+
+
 @pytest.fixture(scope="module")
 def native_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Cluster, list[dict[str, Any]]]]:
-    """A second control plane: the corpus through the webhook, then native policies only (its results kept)."""
+    """A second control plane: the corpus through the webhook, then in hybrid mode (the webhook narrowed as
+    manifests/components/hybrid does, and the native policies), then native policies only (its results kept)."""
     with running_cluster(tmp_path_factory.mktemp("native")) as cluster:
         cluster.ensure_namespace(NS)
         docs = corpus()
         through_webhook = [outcome(cluster, doc) for _, doc in docs]
-        remove_webhooks(cluster)
+        narrow_for_hybrid(cluster)
         apply_native(cluster)
         time.sleep(1)
+        through_hybrid = [outcome(cluster, doc) for _, doc in docs]
+        remove_webhooks(cluster)
+        time.sleep(1)
         through_native = [outcome(cluster, doc) for _, doc in docs]
-        rows = [{"source": source, "doc": doc, "webhook": w, "native": n}
-                for (source, doc), w, n in zip(docs, through_webhook, through_native, strict=True)]
+        rows = [{"source": source, "doc": doc, "webhook": w, "hybrid": h, "native": n}
+                for (source, doc), w, h, n in zip(docs, through_webhook, through_hybrid, through_native, strict=True)]
         yield cluster, rows
 
 
@@ -330,6 +342,27 @@ def test_differential_webhook_vs_native(native_cluster: tuple[Cluster, list]) ->
     table = os.environ.get("GPU_WEBHOOK_NATIVE_TABLE")
     if table:
         Path(table).write_text("\n".join(lines) + "\n")
+    assert not unexplained, "\n".join(unexplained)
+
+
+def _verdict(result: dict[str, Any]) -> tuple[Any, ...]:
+    return result["allowed"], result["denied"], result["warned"], result.get("placement")
+
+
+def test_differential_hybrid_is_the_webhook_or_what_native_mode_answers_first(
+        native_cluster: tuple[Cluster, list]) -> None:
+    """Hybrid mode gives the webhook's verdict. Where it does not, it gives native mode's, for the reasons native
+    mode differs: the API server's own validation or a native refusal answers before the validating webhook (its
+    live-cluster findings then go unsaid). Never for a Pod native mode defers to the webhook."""
+    _, rows = native_cluster
+    unexplained = []
+    for row in rows:
+        w, h, n = row["webhook"], row["hybrid"], row["native"]
+        if _verdict(h) == _verdict(w):
+            continue
+        why = intended(row["doc"], w, n)
+        if _verdict(h) != _verdict(n) or why is None or why.startswith("deferred"):
+            unexplained.append(f"{row['source']}:\n  webhook {w}\n  hybrid  {h}\n  native  {n}")
     assert not unexplained, "\n".join(unexplained)
 
 

@@ -1,19 +1,20 @@
 """Hybrid mode on the real API server: the native policies, gpu-webhook's mutating webhook narrowed by the
-match condition of manifests/components/hybrid to the Pods native mode defers, and its validating webhook for
-the rules that need the live cluster. The module starts its own control plane (`running_cluster`)."""
+match condition of manifests/components/hybrid to the Pods native mode defers, and its validating webhook, narrowed
+to the GPU Pods and workloads, for the rules that need the live cluster. The module starts its own control plane
+(`running_cluster`)."""
 
 from __future__ import annotations
 
 import json
 import re
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from cluster import Cluster, gpu_pod, running_cluster, wait_until
-from test_15_native import apply_native
+from test_15_native import apply_native, narrow_for_hybrid
 
 pytestmark = pytest.mark.e2e
 
@@ -35,10 +36,7 @@ def _reviews(cluster: Cluster, endpoint: str) -> float:
 @pytest.fixture(scope="module")
 def hybrid(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     with running_cluster(tmp_path_factory.mktemp("hybrid")) as cluster:
-        component = yaml.safe_load((REPO / "manifests" / "components" / "hybrid" / "kustomization.yaml").read_text())
-        (operation,) = yaml.safe_load(component["patches"][0]["patch"])
-        cluster.kubectl("patch", "mutatingwebhookconfiguration", "gpu-webhook", "--type=json",
-                        "-p", json.dumps([operation]))
+        narrow_for_hybrid(cluster)
         apply_native(cluster)
         cluster.ensure_namespace(NS)
         yield cluster
@@ -88,3 +86,56 @@ def test_the_live_cluster_rules_still_speak(hybrid: Cluster) -> None:
     done = _create(hybrid, gpu_pod("too-big", gpus=8))  # the class allows 8; no T4 node has more than 4
     assert done.returncode != 0
     assert "[gpu-never-schedulable]" in done.stderr and 'admission webhook "validate.gpu-webhook.io"' in done.stderr
+
+
+def _settled(cluster: Cluster) -> tuple[float, float]:
+    """The (mutate, validate) review counts once they have not moved for 1.5 s (a review may be counted a moment
+    after the API server has its answer)."""
+    last: tuple[float, float] | None = None
+    since = time.monotonic()
+    while True:
+        now = _reviews(cluster, "mutate"), _reviews(cluster, "validate")
+        if now != last:
+            last, since = now, time.monotonic()
+        elif time.monotonic() - since >= 1.5:
+            return now
+        time.sleep(0.2)
+
+
+def _after_a_gpu_pod(cluster: Cluster) -> tuple[float, float]:
+    """The settled (mutate, validate) review counts once a plain GPU Pod created now has been validated."""
+    validate = _settled(cluster)[1]
+    assert _create(cluster, gpu_pod("barrier")).returncode == 0
+    wait_until(lambda: _reviews(cluster, "validate") > validate, 10, "the barrier Pod's review to be counted")
+    return _settled(cluster)
+
+
+def test_a_cpu_only_pod_never_reaches_the_webhook_and_still_gets_the_native_warnings(hybrid: Cluster) -> None:
+    mutate, validate = _after_a_gpu_pod(hybrid)
+    pod = gpu_pod("cpu-only", limits={"cpu": "100m", "memory": "64Mi", "hugepages-2Mi": "2Mi"})
+    pod["spec"]["containers"][0]["env"] = [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}]
+    pod["spec"]["affinity"] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+        "nodeSelectorTerms": [{"matchExpressions": [{"key": "kubernetes.io/os", "operator": "In",
+                                                     "values": ["linux"]}]}]}}}
+    done = _create(hybrid, pod)
+    assert done.returncode == 0, done.stderr
+    assert "[gpu-env-without-request]" in done.stderr  # the warn policy's
+    deployment = {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "cpu-only"}, "spec": {
+        "selector": {"matchLabels": {"app": "cpu-only"}}, "template": {
+            "metadata": {"labels": {"app": "cpu-only"}},
+            "spec": {"containers": [{"name": "c", "image": "busybox",
+                                     "resources": {"limits": {"cpu": "100m"}}}]}}}}
+    assert _create(hybrid, deployment).returncode == 0
+    assert _after_a_gpu_pod(hybrid) == (mutate, validate + 1), "only the barrier Pod may reach the webhook"
+
+
+def test_a_gpu_workload_still_reaches_the_validating_webhook(hybrid: Cluster) -> None:
+    validate = _reviews(hybrid, "validate")
+    deployment = {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "gpu"}, "spec": {
+        "selector": {"matchLabels": {"app": "gpu"}}, "template": {
+            "metadata": {"labels": {"app": "gpu"}},
+            "spec": {"containers": [{"name": "c", "image": "busybox",
+                                     "resources": {"limits": {"nvidia.com/gpu": "8"}}}]}}}}
+    done = _create(hybrid, deployment)
+    assert done.returncode != 0 and "[gpu-never-schedulable]" in done.stderr, done.stderr
+    wait_until(lambda: _reviews(hybrid, "validate") > validate, 10, "the Deployment's review to be counted")

@@ -200,6 +200,9 @@ class TestHybrid:
         stored = json.loads(cluster.kubectl("get", "mutatingwebhookconfiguration", RELEASE, "-o", "json").stdout)
         (hook,) = stored["webhooks"]
         assert hook["matchConditions"][-1:] == native.hybrid_match_conditions(load_policy(REPO / "rules"))
+        stored = json.loads(cluster.kubectl("get", "validatingwebhookconfiguration", RELEASE, "-o", "json").stdout)
+        (hook,) = stored["webhooks"]
+        assert hook["matchConditions"][-1:] == native.hybrid_validating_conditions()
 
     def test_a_plain_gpu_pod_gets_its_class_natively(self, hybrid_release: tuple[Cluster, HelmCli]) -> None:
         cluster, _ = hybrid_release

@@ -78,6 +78,8 @@ spec:
     refused = p["plans"][p["table"]["ns:research#=*/*#t4=*/*"]]
     assert [f["rule"] for f in refused["findings"]] == ["gpu-class-not-allowed"]
     assert "namespace research may not use gpu-type t4" in refused["findings"][0]["message"]
+    # A Pod labelled t4 says one value per axis, and is refused there: the deny policy cannot skip such Pods.
+    assert p["levels"]["plain"] == ["deny"]
 
 
 def test_aliases_are_full_match_regexes_of_the_globs() -> None:
@@ -197,8 +199,16 @@ spec:
   enforcement: {gpu-class-skipped: deny, gpu-node-name-preset: "off", gpu-env-without-request: "off",
                 gpu-runtime-without-request: "off", gpu-toleration-without-request: "off"}
 """)])
-    assert native.params(PACKAGED)["levels"] == {"gpu": ["deny", "warn"], "unaccounted": ["warn"]}
-    assert native.params(policy)["levels"] == {"gpu": ["deny"], "unaccounted": []}
+    assert native.params(PACKAGED)["levels"] == {"gpu": ["deny", "warn"], "unaccounted": ["warn"],
+                                                 "gpuAlways": ["deny"], "selection": ["deny", "warn"],
+                                                 "nodeName": ["warn"], "plain": []}
+    # What the MAP injects for the packaged classes, read back without a regex; a label value the aliases give
+    # to several values would not be here.
+    assert native.params(PACKAGED)["ownSel"] == {
+        "workload|workload=inference": "inference", "workload|workload=training": "training",
+        "gpu-type|gpu-type=a100": "a100", "gpu-type|gpu-type=t4": "t4"}
+    assert native.params(policy)["levels"] == {"gpu": ["deny"], "unaccounted": [], "gpuAlways": ["deny"],
+                                               "selection": ["deny"], "nodeName": [], "plain": []}
     conditions = {p["metadata"]["name"]: p["spec"]["matchConditions"][-1]["expression"] for p in native_cel.policies()
                   if p["kind"] == "ValidatingAdmissionPolicy"}
     assert "'warn' in params.spec.levels.gpu" in conditions["gpu-webhook.io-warn"]

@@ -355,12 +355,43 @@ def params(policy: Policy) -> Json:
         "uncapped": [n for n in sorted({*exact, *native_cel.CORE_RESOURCES})
                      if not any(r.max_per_container and re.search(_resource_regex(r.pattern), n)
                                 for r in policy.resources)],
-        "levels": {group: sorted({policy.enforcement_of(r) for r in rules} - {"off"}) for group, rules in
-                   (("gpu", native_cel.GPU_RULES), ("unaccounted", native_cel.UNACCOUNTED_RULES))},
+        "levels": _levels(policy, table, plans, list(namespaces)),
+        "ownSel": _own_selectors(policy, aliases),
         "gpuRuntimeClasses": sorted(policy.gpu_runtime_classes),
         "gpuTaintKeys": sorted(policy.gpu_taint_keys),
         "enforcement": {rule: policy.enforcement_of(rule) for rule in RULES},
     }
+
+
+def _own_selectors(policy: Policy, aliases: dict[str, str]) -> dict[str, str]:
+    """`axis|key=value` -> the axis value, for each entry of a value's own nodeSelector that admits that value alone
+    through the aliases: what the MAP injects, read back by the validating policies without a regex."""
+    out = {}
+    for axis in policy.axes:
+        for name, contribution in axis.values.items():
+            for key, value in contribution.node_selector.items():
+                admitted = {v for v in axis.values if (pattern := aliases.get(f"{axis.name}|{v}|{key}")) is not None
+                            and re.fullmatch(pattern, value)}
+                if admitted == {name}:
+                    out[f"{axis.name}|{key}={value}"] = name
+    return out
+
+
+def _levels(policy: Policy, table: dict[str, str], plans: dict[str, Json], namespaces: Sequence[str]) -> Json:
+    """The enforcement levels of each group of rules (`native_cel.level_guard`), and `plain`: the levels of the
+    selection rules' findings in the table entries of the Pods that say at most one value per axis, in agreement
+    (no label or a value's, no selection or one value's; `native_cel._plainly_placed`), in any namespace."""
+    always = [r for r in native_cel.GPU_RULES if r not in (*native_cel.SELECTION_RULES, *native_cel.NODE_NAME_RULES)]
+    groups = (("gpu", native_cel.GPU_RULES), ("unaccounted", native_cel.UNACCOUNTED_RULES), ("gpuAlways", always),
+              ("selection", native_cel.SELECTION_RULES), ("nodeName", native_cel.NODE_NAME_RULES))
+    out = {group: sorted({policy.enforcement_of(r) for r in rules} - {"off"}) for group, rules in groups}
+    per_axis = [["=*/*", *(f"={v}/*" for v in axis.values), *(f"{v}=*/*" for v in axis.values),
+                 *(f"{v}={v}/*" for v in axis.values)] for axis in policy.axes]
+    found = {policy.enforcement_of(f["rule"]) for ns_id in namespaces for tokens in itertools.product(*per_axis)
+             if (plan_id := table.get("#".join([ns_id, *tokens]))) is not None for f in plans[plan_id]["findings"]
+             if f["rule"] in native_cel.SELECTION_RULES}
+    out["plain"] = sorted(found - {"off"})
+    return out
 
 
 # --------------------------------------------------------------------------------------------- objects
@@ -425,8 +456,10 @@ def crd() -> Json:
         "notGPU": {"type": "array", "maxItems": 8, "items": _bounded_string()},
         "notFamily": {"type": "array", "maxItems": 512, "items": _bounded_string()},
         "uncapped": {"type": "array", "maxItems": 512, "items": _bounded_string()},
+        "ownSel": _applied_map(_string_map(1024, 63)),
         "levels": {"type": "object", "properties": {
-            group: {"type": "array", "maxItems": 2, "items": _bounded_string(8)} for group in ("gpu", "unaccounted")}},
+            group: {"type": "array", "maxItems": 2, "items": _bounded_string(8)}
+            for group in ("gpu", "unaccounted", "gpuAlways", "selection", "nodeName", "plain")}},
         "gpuRuntimeClasses": {"type": "array", "maxItems": 64, "items": _bounded_string()},
         "gpuTaintKeys": {"type": "array", "maxItems": 64, "items": _bounded_string()},
         "enforcement": _applied_map(_string_map(64, 8)),
@@ -455,8 +488,9 @@ def params_object(policy: Policy) -> Json:
 def hybrid_match_conditions(policy: Policy) -> list[Json]:
     """The matchConditions that narrow the *mutating* webhook, in hybrid mode, to the Pods native mode defers (and
     anything not a Pod, as DRA claims and templates):
-    required node affinity, or a GPU resource with `validFor` (compiled from the rules: a webhook's match
-    conditions cannot read params). The validating webhook keeps every GPU Pod: the cluster-aware rules."""
+    required node affinity on a Pod that may ask for a GPU (a resource other than cpu, memory, ephemeral-storage,
+    hugepages-*, or DRA claims: the engine leaves any other Pod unplaced), or a GPU resource with `validFor`
+    (compiled from the rules: a webhook's match conditions cannot read params)."""
     patterns = [_resource_regex(r.pattern) for r in policy.resources if r.valid_for]
     resources = " || ".join(f"r.matches(r'{p}')" for p in patterns) or "false"  # CEL raw strings
     deferred = (
@@ -464,10 +498,19 @@ def hybrid_match_conditions(policy: Policy) -> list[Json]:
         # either side is, so the Pod fields below, absent from a claim, are not an error then.
         "request.resource.resource != 'pods' || "
         "(has(object.spec.affinity) && has(object.spec.affinity.nodeAffinity) && "
-        "has(object.spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution)) || "
+        "has(object.spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution) && "
+        f"({native_cel.resources_guard('object.spec')})) || "
         "(object.spec.containers + (has(object.spec.initContainers) ? object.spec.initContainers : [])).exists(c, "
         f"has(c.resources) && has(c.resources.limits) && c.resources.limits.exists(r, {resources}))")
     return [{"name": "deferred-by-native-mode", "expression": deferred}]
+
+
+def hybrid_validating_conditions() -> list[Json]:
+    """The matchCondition that narrows the *validating* webhook in hybrid mode to what the policies cannot judge
+    alone: GPU Pods and workloads (the rules that need the live cluster), Pods with DRA claims, and DRA claims.
+    A Pod or workload that asks for no resource that may be a GPU is the policies' alone (its only rules are the
+    three *-without-request warnings), so it never makes the hop. The same for every rule set."""
+    return [native_cel.webhook_guard()]
 
 
 def render(policy: Policy, mode: Mode = "native") -> list[Json]:

@@ -36,6 +36,10 @@ UNACCOUNTED_RULES = ("gpu-env-without-request", "gpu-runtime-without-request", "
 GPU_RULES = ("gpu-whole-number", "gpu-limits-required", "gpu-requests-equal-limits", "gpu-per-container-max",
              "gpu-pod-level-resources", "gpu-class-unknown", "gpu-class-not-allowed", "gpu-class-conflict",
              "gpu-class-skipped", "gpu-class-max", "gpu-node-name-preset")
+# Finer groups of the GPU rules, for a GPU object: those that concern it only through its class-table key (and its
+# labels), the one that concerns a Pod with spec.nodeName, and the others (`levels.gpuAlways`).
+SELECTION_RULES = ("gpu-class-unknown", "gpu-class-not-allowed", "gpu-class-skipped")
+NODE_NAME_RULES = ("gpu-node-name-preset",)
 CORE_RESOURCES = ("cpu", "memory", "ephemeral-storage")
 
 _WORKLOAD_RESOURCES = (
@@ -132,7 +136,10 @@ def _variables_gpu() -> list[tuple[str, str]]:
         ("deferred", "has(variables.spec.affinity) && has(variables.spec.affinity.nodeAffinity) && "
                      "has(variables.spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution)"),
         # The validFor families the Pod asks for (in limits or requests), and the first container asking.
-        ("vf", f"{P}.validFor.filter(e, (variables.spec.containers + variables.initial).exists(c, "
+        ("vf", "(variables.spec.containers + variables.initial).all(c, !has(c.resources) || ((!has(c.resources.limits) "
+               f"|| c.resources.limits.all(r, r in {P}.notFamily)) && (!has(c.resources.requests) || "
+               f"c.resources.requests.all(r, r in {P}.notFamily)))) ? [] : "
+               f"{P}.validFor.filter(e, (variables.spec.containers + variables.initial).exists(c, "
                "has(c.resources) && ((has(c.resources.limits) && c.resources.limits.exists(r, " + _FAMILY + ")) "
                "|| (has(c.resources.requests) && c.resources.requests.exists(r, " + _FAMILY + ")))))"),
         ("vfContainers", "size(variables.vf) == 0 ? [] : (variables.initial + variables.spec.containers).filter(c, "
@@ -152,8 +159,11 @@ def _variables_gpu() -> list[tuple[str, str]]:
         ("nsKey", f"request.namespace in {P}.namespaces ? {P}.namespaces[request.namespace] : '*'"),
         ("key", f"variables.nsKey + {P}.axes.map(a, '#' + (a.label in variables.labels ? variables.labels[a.label] "
                 ": '') + '=' + (a.keys.exists(k, k in variables.sel) ? a.values.filter(v, a.keys.all(k, "
-                "!(k in variables.sel) || ((a.name + '|' + v + '|' + k) in params.spec.aliases && "
-                "variables.sel[k].matches(params.spec.aliases[a.name + '|' + v + '|' + k])))).join(',') : '*') + '/' + "
+                # An entry of a value's own nodeSelector (what the MAP injects) admits that value alone: no regex.
+                "!(k in variables.sel) || (has(params.spec.ownSel) && (a.name + '|' + k + '=' + variables.sel[k]) in "
+                "params.spec.ownSel ? params.spec.ownSel[a.name + '|' + k + '=' + variables.sel[k]] == v : "
+                "((a.name + '|' + v + '|' + k) in params.spec.aliases && variables.sel[k].matches("
+                "params.spec.aliases[a.name + '|' + v + '|' + k]))))).join(',') : '*') + '/' + "
                 "(variables.vf.exists(e, a.name in e.values) ? a.values.filter(v, variables.vf.filter(e, a.name in "
                 "e.values).all(e, v in e.values[a.name])).join(',') : '*'))"
                 ".join('')"),
@@ -321,7 +331,7 @@ def _other_names(table: str) -> str:
             "!r.startsWith('hugepages-')))")
 
 
-def _resources_guard(s: str) -> str:
+def resources_guard(s: str) -> str:
     """Pod spec `s` asks for a resource that may be a GPU (containers, init containers, pod-level), or has DRA
     claims. Reads resource names only, no params and no quantities."""
     def asks(c: str) -> str:
@@ -352,20 +362,61 @@ def _by_spec(check: Callable[[str], str]) -> str:
     return " : ".join([*branches, f"({check(last)})"])
 
 
+def webhook_guard() -> Json:
+    """Hybrid mode's validating webhook: the objects the native policies cannot judge alone. A Pod or workload
+    template that asks for a resource that may be a GPU, or has DRA claims (the live-cluster rules), and every DRA
+    claim and claim template. The rest (a CPU-only Pod: at most the three *-without-request rules) is the policies'.
+    Resource names only, no params (a webhook's matchConditions cannot read them)."""
+    return {"name": "may-concern-gpus",
+            "expression": f"request.resource.group == 'resource.k8s.io' || ({_by_spec(resources_guard)})"}
+
+
 def gpu_guard() -> Json:
     """The mutating policy's matchCondition: a Pod that asks for no resource that may be a GPU is not read further
     (a false matchCondition skips the variables and the patch). Resource names only, no params."""
-    return {"name": "may-concern-gpus", "expression": _resources_guard("object.spec")}
+    return {"name": "may-concern-gpus", "expression": resources_guard("object.spec")}
+
+
+def _plainly_placed(s: str) -> str:
+    """Pod spec `s` (with its metadata) says about each class axis at most one value, as the MAP's injection does:
+    its axis keys in the nodeSelector are entries of one value's own nodeSelector that admit that value alone
+    (`ownSel`), an axis label names a value and agrees with them, and it asks for no resource of a validFor family.
+    Its class-table key is then one of those `levels.plain` was computed over. No regex."""
+    m = s[: -len("spec")] + "metadata"
+    labels = f"has({m}.labels)" if m == "object.metadata" else f"has({m}) && has({m}.labels)"
+    keys = f"(has({s}.nodeSelector) ? a.keys.filter(k, k in {s}.nodeSelector) : [])"
+    said = f"{keys}.map(k, {P}.ownSel[a.name + '|' + k + '=' + {s}.nodeSelector[k]])"
+    family = f"(!(r in {P}.notFamily) && {P}.validFor.exists(e, r.matches(e.regex) && !(r in e.shadowed)))"
+    asks = (f"(has(c.resources) && ((has(c.resources.limits) && c.resources.limits.exists(r, {family})) || "
+            f"(has(c.resources.requests) && c.resources.requests.exists(r, {family}))))")
+    return (f"has({P}.ownSel) && {P}.axes.all(a, {keys}.all(k, (a.name + '|' + k + '=' + {s}.nodeSelector[k]) in "
+            f"{P}.ownSel) && {said}.all(w, w == {said}[0]) && (!({labels} && a.label in {m}.labels) || "
+            f"({m}.labels[a.label] in a.values && {said}.all(w, w == {m}.labels[a.label])))) && "
+            f"!((has({s}.containers) && {s}.containers.exists(c, {asks})) || "
+            f"(has({s}.initContainers) && {s}.initContainers.exists(c, {asks})))")
 
 
 def level_guard(level: str) -> Json:
     """A validating policy's matchCondition: some rule at `level` may concern the object. The GPU rules when it asks
-    for a resource that may be a GPU, the three *-without-request rules when it has what they look at; each only
-    when the params put a rule of its group at this level (`levels`). A CPU-only Pod, or a GPU Pod when no GPU rule
-    is at the level, ends here: no variables, validations or messages are evaluated."""
+    for a resource that may be a GPU, the three *-without-request rules when it has what they look at and asks for
+    no GPU; each only when the params put a rule of its group at this level (`levels`). For a GPU object, finer:
+    when the level has only selection rules and gpu-node-name-preset, a Pod with spec.nodeName, or one that says more
+    about the class axes than one value each (`_plainly_placed`), unless some such key has a finding at the level
+    (`levels.plain`). A CPU-only Pod, or a GPU Pod no rule at the level can concern, ends here: no variables,
+    validations or messages are evaluated. Params without the finer groups (a CRD older than them prunes them) fall
+    back to the GPU group."""
     def check(s: str) -> str:
-        return (f"('{level}' in {P}.levels.gpu && ({_resources_guard(s)})) || "
-                f"('{level}' in {P}.levels.unaccounted && ({_unaccounted_guard(s)}))")
+        node_name = f"has({s}.nodeName) && {s}.nodeName != ''" if s == "object.spec" else "false"
+        finer = (f"!has({P}.levels.gpuAlways) || '{level}' in {P}.levels.gpuAlways || "
+                 f"('{level}' in {P}.levels.nodeName && {node_name}) || ('{level}' in {P}.levels.selection && "
+                 f"('{level}' in {P}.levels.plain || !({_plainly_placed(s)})))")
+        # The *-without-request rules concern only an object without a GPU; the class the MAP injects into a GPU Pod
+        # (a runtimeClassName, the GPU tolerations) would pass their guard. A container asking for an exact GPU name
+        # a quantity that is not 0 makes it a GPU object (`anyGPU`).
+        gpu = (f"(has({s}.containers) && {s}.containers.exists(c, has(c.resources) && has(c.resources.limits) && "
+               f"c.resources.limits.exists(r, r in {P}.gpuExact && {_nonzero('c.resources.limits[r]')})))")
+        return (f"('{level}' in {P}.levels.gpu && ({resources_guard(s)}) && ({finer})) || "
+                f"('{level}' in {P}.levels.unaccounted && ({_unaccounted_guard(s)}) && !{gpu})")
     return {"name": f"rules-at-{level}-may-concern-it", "expression": _by_spec(check)}
 
 
