@@ -105,6 +105,11 @@ class AdmissionServer:
         kind = req.kind.kind if known else "other"  # a bounded label set
         findings = [(f.rule, f.enforcement) for f in (*verdict.violations, *verdict.warnings)]  # deny, then warn
         self.metrics.review(mode, kind, outcome, findings, seconds)
+        self._log(mode, req, verdict, outcome, seconds)
+
+    @staticmethod
+    def _log(mode: Mode, req: AdmissionRequest, verdict: Verdict, outcome: str, seconds: float) -> None:
+        """The review's INFO line (one JSON object), when INFO is enabled."""
         if log.isEnabledFor(logging.INFO):
             logs.info_line(log, "review", {
                 "event": "review", "endpoint": mode, "uid": req.uid, "namespace": req.namespace,
