@@ -1,33 +1,9 @@
-"""Where one review's time goes inside the server, stage by stage, in-process. Prints numbers; not a test.
-
-    python bench/stages.py                      # µs per stage (best of several rounds), GPU Pod /mutate
-    python bench/stages.py --review FILE.json   # another AdmissionReview body
-
-Timings on a shared machine move with its load; instruction counts do not. To count instructions of one
-stage deterministically, run it alone under valgrind twice (with and without the loop) and subtract (the
-interpreter itself, not a wrapper script such as pyenv's shim, which valgrind would count instead):
-
-    valgrind --tool=cachegrind --cache-sim=no --cachegrind-out-file=/dev/null \\
-        "$(python -c 'import sys; print(sys.executable)')" bench/stages.py --only answer --count 2000
-                                                               # and again with --count 0
-
-Inside a loaded server a review costs about twice what it costs here: between two reviews the clients and the
-other worker run on the same cores and evict the engine's code and data from the caches. `--cold` evicts them
-before each call (it writes over a buffer larger than this machine's 2 MiB L2), and cachegrind's cache
-simulation counts the misses that a review's first touch of its code (LLi) and data (LLd) costs:
-
-    valgrind --tool=cachegrind --cache-sim=yes --LL=2097152,16,64 --cachegrind-out-file=/dev/null \\
-        "$(python -c 'import sys; print(sys.executable)')" bench/stages.py --only answer --count 500 --cold
-                                                               # and again with --only nothing (the eviction alone)
-
-Stages are the server's own calls, on the server's own objects (`create_app` with the packaged rules,
-INFO logging to /dev/null, metrics in multiprocess mode as under gunicorn); `answer` is all of them together.
-"""
-
 from __future__ import annotations
 
 import argparse
 import os
+import re
+import subprocess
 import sys
 import tempfile
 import timeit
@@ -38,12 +14,14 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+import orjson  # noqa: E402
 from prometheus_client import CollectorRegistry  # noqa: E402
 
 from webhook.admission import logs, metrics  # noqa: E402
 from webhook.admission.app import AdmissionServer, create_app, server_of  # noqa: E402
-from webhook.admission.review import build_response, decode_json, parse_review  # noqa: E402
+from webhook.admission.review import build_response, decode_json, request_of  # noqa: E402
 from webhook.admission.settings import Settings  # noqa: E402
+from webhook.policy import checks, engine, pods  # noqa: E402
 from webhook.policy.engine import Context, evaluate  # noqa: E402
 from webhook.policy.patch import operations  # noqa: E402
 
@@ -52,25 +30,73 @@ DEFAULT_REVIEW = REPO / "tests" / "data" / "admission-reviews" / "pod-create-fro
 
 
 def stages(server: AdmissionServer, body: bytes) -> dict[str, Callable[[], Any]]:
-    """Each stage of `AdmissionServer.answer` as a call on prepared inputs, in the order the server runs them."""
-    req = parse_review(body)
+    """Each stage of `AdmissionServer.answer` as a call on prepared inputs, in the order the server runs them.
+
+    The class choice and the class edits are parts of `evaluate`, and `patch operations` of `decide`."""
+    document = decode_json(body)
+    req = request_of(document)
     policy = server.store.policy
     ctx = Context(namespace=req.namespace, operation=req.operation, mode="mutate", old_object=req.old_obj)
     verdict = evaluate(policy, req.obj, ctx)
     decision = server._decide("mutate", req, verdict, policy.digest)
     outcome = "deny" if not decision.allowed else ("patch" if decision.patch else "allow")
+    response = build_response(req, decision)
     assert req.obj is not None
     obj = req.obj
-    return {
+    findings = [(f.rule, f.enforcement) for f in (*verdict.violations, *verdict.warnings)]
+    table: dict[str, Callable[[], Any]] = {
         "json decode (orjson)": lambda: decode_json(body),
-        "parse_review (incl. decode)": lambda: parse_review(body),
-        "evaluate (engine)": lambda: evaluate(policy, obj, ctx),
-        "patch operations": lambda: operations(obj, verdict.edits),
-        "decide (incl. patch)": lambda: server._decide("mutate", req, verdict, policy.digest),
-        "build_response": lambda: build_response(req, decision),
-        "record (metrics + log line)": lambda: server._record("mutate", req, verdict, outcome, 0.0002),
-        "answer (all of the above)": lambda: server.answer("mutate", body),
+        "review parsing (request_of)": lambda: request_of(document),
+        "policy evaluation (evaluate)": lambda: evaluate(policy, obj, ctx),
     }
+    specs = pods.pod_specs(obj)
+    if verdict.classes and len(specs) == 1:  # a GPU pod spec: the engine chose its class
+        ref = specs[0]
+        per_resource = checks.check_containers(policy, ref, engine._Collector(policy))
+        namespace = req.namespace or "default"
+        chosen = engine._choose_class(policy, ref, namespace, ctx, per_resource, engine._Collector(policy))
+        assert chosen is not None
+        table["  class choice (_choose_class)"] = (
+            lambda: engine._choose_class(policy, ref, namespace, ctx, per_resource, engine._Collector(policy)))
+        table["  class edits (_class_edits)"] = lambda: engine._class_edits(policy, ref, chosen)
+    table.update({
+        "decision (_decide, incl. patch)": lambda: server._decide("mutate", req, verdict, policy.digest),
+        "  patch building (operations)": lambda: operations(obj, verdict.edits),
+        "response building (build_response)": lambda: build_response(req, decision),
+        "metrics (Metrics.review)": lambda: server.metrics.review("mutate", req.kind.kind, outcome, findings, 0.0002),
+        "logging (the INFO line)": lambda: server._log("mutate", req, verdict, outcome, 0.0002),
+        "answer (all of the above)": lambda: server.answer("mutate", body),
+        "response encoding (orjson.dumps, in the route)": lambda: orjson.dumps(response),
+    })
+    return table
+
+
+def instructions(review: Path, stage: str, count: int) -> int:
+    """Instructions valgrind counts for this script with `--only STAGE --count COUNT` (start-up included)."""
+    command = ["valgrind", "--tool=cachegrind", "--cache-sim=no", "--cachegrind-out-file=/dev/null",
+               sys.executable, __file__, "--review", str(review), "--only", stage, "--count", str(count)]
+    env = {**os.environ, "PYTHONHASHSEED": "0"}
+    done = subprocess.run(command, capture_output=True, text=True, env=env, check=True)
+    found = re.search(r"I\s+refs:\s+([\d,]+)", done.stderr)
+    if found is None:
+        raise SystemExit(f"no instruction count from valgrind:\n{done.stderr[-2000:]}")
+    return int(found.group(1).replace(",", ""))
+
+
+def profile(review: Path, names: list[str], count: int) -> None:
+    """Instructions per call of each stage, as a Markdown table: (count calls - none) / count."""
+    base = instructions(review, "nothing", 0)  # the same start-up and warm-up as every stage's run
+    print(f"{review.name}, /mutate: instructions per call, {count} calls less none (valgrind, PYTHONHASHSEED=0)\n")
+    print("| stage | instructions |")
+    print("|---|---|")
+    for name in names:
+        if name.startswith("answer"):
+            shown = f"**{name}**"
+        else:
+            shown = name.strip()
+            shown = f"&nbsp;&nbsp;{shown}" if name.startswith("  ") else shown
+        per_call = (instructions(review, name.strip(), count) - base) / count
+        print(f"| {shown} | {per_call:,.0f} |", flush=True)
 
 
 def _module_of(where: tuple[str, int, str]) -> str:
@@ -80,7 +106,7 @@ def _module_of(where: tuple[str, int, str]) -> str:
     return str(Path(path).relative_to(REPO)) if path.startswith(str(REPO)) else "other Python"
 
 
-def profile(call: Callable[[], Any], count: int) -> None:
+def calls(call: Callable[[], Any], count: int) -> None:
     """Own time and calls per review of `call`, summed by module; the profiler's overhead weighs on small
     functions, so the shares are a map of where the calls go, not a measure to set against instruction counts."""
     import cProfile
@@ -111,6 +137,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--count", type=int, default=0, help="with --only: calls to make")
     parser.add_argument("--cold", action="store_true", help="with --only: evict the caches before each call")
     parser.add_argument("--profile", action="store_true",
+                        help="instructions per call of each stage under valgrind (--count calls, default 2000)")
+    parser.add_argument("--calls", action="store_true",
                         help="cProfile 5,000 answer() calls: own time and calls per review, by module")
     args = parser.parse_args(argv)
 
@@ -126,12 +154,15 @@ def main(argv: list[str] | None = None) -> int:
             call()
 
     if args.profile:
-        profile(table["answer (all of the above)"], 5000)
+        profile(args.review, list(table), args.count or 2000)
+        return 0
+    if args.calls:
+        calls(table["answer (all of the above)"], 5000)
         return 0
 
     if args.only:
         choices = {**table, "nothing (what --cold costs alone)": lambda: None}
-        matches = [c for name, c in choices.items() if name.startswith(args.only)]
+        matches = [c for name, c in choices.items() if name.strip().startswith(args.only)]
         if len(matches) != 1:
             parser.error(f"{args.only!r} starts {len(matches)} stage names, not one; stages: {', '.join(choices)}")
         [call] = matches

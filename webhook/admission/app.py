@@ -105,8 +105,14 @@ class AdmissionServer:
         kind = req.kind.kind if known else "other"  # a bounded label set
         findings = [(f.rule, f.enforcement) for f in (*verdict.violations, *verdict.warnings)]  # deny, then warn
         self.metrics.review(mode, kind, outcome, findings, seconds)
-        if log.isEnabledFor(logging.INFO):
-            logs.info_line(log, "review", {
+        self._log(mode, req, verdict, outcome, seconds)
+
+    @staticmethod
+    def _log(mode: Mode, req: AdmissionRequest, verdict: Verdict, outcome: str, seconds: float) -> None:
+        """The review's INFO line (one JSON object), when INFO is enabled."""
+        if log.isEnabledFor(logging.INFO):  # the whole line in one dict: `logs.info_line` would copy the fields
+            logs.write_line({
+                "ts": logs.timestamp(time.time()), "level": "info", "logger": log.name, "msg": "review",
                 "event": "review", "endpoint": mode, "uid": req.uid, "namespace": req.namespace,
                 "name": req.display_name, "kind": req.kind.kind, "operation": req.operation,
                 "sub_resource": req.sub_resource or None, "dry_run": req.dry_run, "decision": outcome,

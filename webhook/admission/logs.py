@@ -1,7 +1,7 @@
 """Structured logging: one JSON object per line on stderr, with the `extra=` fields of each record.
 
 Fields whose names LogRecord reserves (`name`, `msg`...) go in `extra={"fields": {...}}`; they are merged
-into the top level of the line. The per-review line takes a shorter path (`info_line`): the same JSON
+into the top level of the line. The per-review line takes a shorter path (`write_line`): the same JSON
 shape without building a LogRecord (a third of the server's own time per review went to the logging machinery).
 
 Every line goes through one `LineWriter` per process, which writes whole lines in batches of at most
@@ -160,7 +160,12 @@ def info_line(logger: logging.Logger, msg: str, fields: Mapping[str, Any]) -> No
     """Write one INFO line for `logger` (if enabled) through `STDERR`, in JsonFormatter's shape."""
     if not logger.isEnabledFor(logging.INFO):
         return
-    line = {"ts": timestamp(time.time()), "level": "info", "logger": logger.name, "msg": msg, **fields}
+    write_line({"ts": timestamp(time.time()), "level": "info", "logger": logger.name, "msg": msg, **fields})
+
+
+def write_line(line: Mapping[str, Any]) -> None:
+    """Write `line`, a whole record in JsonFormatter's shape (`ts`, `level`, `logger`, `msg` first), through `STDERR`:
+    the per-review path builds it in one dict (`AdmissionServer._log`)."""
     STDERR.write(orjson.dumps(line, default=str, option=orjson.OPT_APPEND_NEWLINE))
 
 

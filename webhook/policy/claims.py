@@ -305,8 +305,10 @@ def extended_asks(policy: Policy, per_resource: Mapping[str, Sequence[tuple[Cont
     found = []
     for name, counts in per_resource.items():
         resource = policy.gpu_resource(name)
+        if resource is None or resource.device_class is None:
+            continue
         count = effective_count(list(counts))
-        if resource is None or resource.device_class is None or count == 0:
+        if count == 0:
             continue
         where = next(cref.where() for cref, n in counts if n > 0)
         found.append(ExtendedAsk(name, resource.device_class, count, where, resource.implicit))

@@ -71,6 +71,8 @@ class Context(NamedTuple):
 
     def pod_claims(self, policy: Policy, namespace: str, spec: Mapping[str, Any]) -> list[tuple[str, Claim]]:
         """A Pod's claims of GPU devices (`inventory.gpu_claim_templates`), from the cluster, then the given files."""
+        if self.inventory is None and self.claims is None:
+            return []  # the admission server without cluster awareness
         found: dict[str, Claim] = {}
         for source in (self.inventory, self.claims):
             if source is not None:
@@ -207,7 +209,7 @@ def _evaluate_spec(policy: Policy, obj: Mapping[str, Any], ref: PodSpecRef, name
         return None, gpus
     _check_class_fit(policy, ref, chosen, per_resource, gpus, out)
     if policy.gpu_device_classes:
-        _check_pod_claims(policy, ref, namespace, ctx, chosen, per_resource, gpus, out)
+        _check_pod_claims(policy, ref, namespace, ctx, chosen, per_resource, gpus, claims, out)
     if ref.spec_path == ("spec",) and isinstance(ref.spec.get("nodeName"), str) and ref.spec.get("nodeName"):
         out.add("gpu-node-name-preset",
                 f"spec.nodeName={ref.spec['nodeName']!r} bypasses the scheduler's GPU accounting; remove it "
@@ -369,6 +371,12 @@ def _choose_class(policy: Policy, ref: PodSpecRef, namespace: str, ctx: Context,
     ns_policy = policy.namespace_policy(namespace, labels=ns_labels)
     terms = selection.terms_of(ref.spec, ref.spec_path)
     limits = _resource_limits(policy, per_resource)
+    plain = terms is NO_SELECTION and not limits and not any(labels.get(a.label) is not None for a in policy.axes)
+    if plain:  # the usual GPU Pod: its class depends on the rules and its namespace alone
+        memo = policy.plain_classes.get(namespace)
+        if memo is not None and memo[0] is ns_policy:
+            return memo[1]  # type: ignore[no-any-return]
+    before = len(out.findings)
     picked: dict[str, Pick] = {}
     skipped: list[str] = []
     undecided: list[Axis] = []
@@ -421,7 +429,10 @@ def _choose_class(policy: Policy, ref: PodSpecRef, namespace: str, ctx: Context,
             ok = False
     if not ok:
         return None
-    return ChosenClass.of([picked[a.name] for a in policy.axes if a.name in picked], skipped)
+    chosen = ChosenClass.of([picked[a.name] for a in policy.axes if a.name in picked], skipped)
+    if plain and len(out.findings) == before and len(policy.plain_classes) < 1024:
+        policy.plain_classes[namespace] = (ns_policy, chosen)  # only a choice that said nothing: no finding to repeat
+    return chosen
 
 
 def _placeable(policy: Policy, term: Term) -> bool:
@@ -858,12 +869,15 @@ def _claim_class(policy: Policy, chosen: ChosenClass) -> claims.ClaimClass:
 
 
 def _check_pod_claims(policy: Policy, ref: PodSpecRef, namespace: str, ctx: Context, chosen: ChosenClass,
-                      per_resource: Mapping[str, list[tuple[ContainerRef, int]]], gpus: int, out: _Collector) -> None:
+                      per_resource: Mapping[str, list[tuple[ContainerRef, int]]], gpus: int,
+                      templates: Sequence[tuple[str, Claim]], out: _Collector) -> None:
     """A GPU Pod's DRA side: GPUs asked for as extended resources and also through DRA (a claim template of a GPU
     class, known from the inventory, or a class's implicit name: one GPU handed out twice), the DeviceClasses of
-    its DRA-served resources (KEP-5004), and its DRA devices together within the maxima (`webhook.policy.claims`)."""
-    templates = ctx.pod_claims(policy, namespace, ref.spec)
+    its DRA-served resources (KEP-5004), and its DRA devices together within the maxima (`webhook.policy.claims`).
+    `templates` are the Pod's GPU claims (`Context.pod_claims`)."""
     asks = claims.extended_asks(policy, per_resource)
+    if not templates and not asks:
+        return  # the usual GPU Pod: extended resources a device plugin hands out, and nothing else
     implicit = [a for a in asks if a.implicit]
     plain = gpus - sum(a.count for a in implicit)  # the GPUs a device plugin may hand out
     if plain > 0 and (templates or implicit):
@@ -873,8 +887,6 @@ def _check_pod_claims(policy: Policy, ref: PodSpecRef, namespace: str, ctx: Cont
                 f"{render_path(ref.spec_path)} asks for GPUs as extended resources ({plain}) and also for GPU devices "
                 f"through {', '.join(via)}: the device plugin and the DRA driver may hand out the same GPU, or the "
                 "Pod gets more GPUs than meant; ask for GPUs one way only (the claims, or the resource)")
-    if not templates and not asks:
-        return
     ns_dra = _namespace_dra(policy, namespace, ctx)
     found = claims.check_extended(asks, namespace, ns_dra.device_classes)
     found += claims.check_pod_total(policy, render_path(ref.spec_path), namespace, ns_dra.max_devices,

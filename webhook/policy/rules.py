@@ -210,6 +210,9 @@ class Policy:
     dra: DRARules = field(default_factory=DRARules)  # GPU DeviceClasses and what claims may ask (`spec.dra`)
     _resource_cache: dict[str, GPUResource | None] = field(default_factory=dict, compare=False, repr=False)
     plans: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)  # the engine's per-class memo
+    # The engine's memo of the class of a Pod that says nothing about it (no class label, no node selection, no
+    # resource bound to a value), by namespace: (the namespace's NamespacePolicy, the class).
+    plain_classes: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     def namespace_policy(self, namespace: str, labels: Mapping[str, str] | None = None) -> NamespacePolicy | None:
         """The policy of a namespace: its entry by name, else the first selector its labels match."""
