@@ -21,7 +21,10 @@ from webhook.admission import logs, metrics  # noqa: E402
 from webhook.admission.app import AdmissionServer, create_app, server_of  # noqa: E402
 from webhook.admission.review import build_response, decode_json, request_of  # noqa: E402
 from webhook.admission.settings import Settings  # noqa: E402
-from webhook.policy import checks, engine, pods  # noqa: E402
+from webhook.policy import checks, pods  # noqa: E402
+from webhook.policy.chosen import Collector  # noqa: E402
+from webhook.policy.class_choice import choose_class  # noqa: E402
+from webhook.policy.class_edits import class_edits  # noqa: E402
 from webhook.policy.engine import Context, evaluate  # noqa: E402
 from webhook.policy.patch import operations  # noqa: E402
 
@@ -52,13 +55,13 @@ def stages(server: AdmissionServer, body: bytes) -> dict[str, Callable[[], Any]]
     specs = pods.pod_specs(obj)
     if verdict.classes and len(specs) == 1:  # a GPU pod spec: the engine chose its class
         ref = specs[0]
-        per_resource = checks.check_containers(policy, ref, engine._Collector(policy))
+        per_resource = checks.check_containers(policy, ref, Collector(policy))
         namespace = req.namespace or "default"
-        chosen = engine._choose_class(policy, ref, namespace, ctx, per_resource, engine._Collector(policy))
+        chosen = choose_class(policy, ref, namespace, ctx, per_resource, Collector(policy))
         assert chosen is not None
-        table["  class choice (_choose_class)"] = (
-            lambda: engine._choose_class(policy, ref, namespace, ctx, per_resource, engine._Collector(policy)))
-        table["  class edits (_class_edits)"] = lambda: engine._class_edits(policy, ref, chosen)
+        table["  class choice (choose_class)"] = (
+            lambda: choose_class(policy, ref, namespace, ctx, per_resource, Collector(policy)))
+        table["  class edits (class_edits)"] = lambda: class_edits(policy, ref, chosen)
     table.update({
         "decision (_decide, incl. patch)": lambda: server._decide("mutate", req, verdict, policy.digest),
         "  patch building (operations)": lambda: operations(obj, verdict.edits),

@@ -98,7 +98,11 @@ def test_a_list_refused_at_start_makes_the_replica_unready(replay: ReplayServer,
     app, inventory = app_over(replay, tmp_path)
     try:
         client = app.test_client()
-        replay.wait_until(lambda: client.get("/readyz").status_code == 503, what="the refusal in /readyz")
+        # Unready at once ("no answer yet to the initial list of ..."), then for the refusal: wait for the refusal.
+        def refused() -> bool:
+            checks = (client.get("/readyz").get_json() or {}).get("checks", {})
+            return "refused" in str(checks.get("inventory", {}).get("reason", ""))
+        replay.wait_until(refused, what="the refusal in /readyz")
         response = client.get("/readyz")
         reason = response.get_json()["checks"]["inventory"]["reason"]
         assert response.status_code == 503

@@ -43,7 +43,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from webhook.policy import engine, native_cel
+from webhook.policy import class_edits, engine, native_cel
 from webhook.policy.dra_rules import IMPLICIT_PREFIX
 from webhook.policy.findings import Verdict
 from webhook.policy.resources import GPUResource
@@ -248,7 +248,7 @@ def _plan_of(verdict: Verdict, policy: Policy, pod: Json, limiting: str | None) 
         if caps:
             plan["maxGPUs"], plan["maxGPUsSource"] = min(caps)
         required = [{"field": k, "value": v, "source": f"{p.axis.name} {p.value}"}
-                    for p in getattr(chosen, "picks", ()) for k, v in engine._class_fields(p.axis.values[p.value])]
+                    for p in getattr(chosen, "picks", ()) for k, v in class_edits.class_fields(p.axis.values[p.value])]
         if required:
             plan["required"] = required
     selector: dict[str, str] = {}
