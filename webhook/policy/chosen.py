@@ -12,11 +12,7 @@ from webhook.policy import inventory
 from webhook.policy.claims import Claim
 from webhook.policy.findings import Edit, Finding, Mode, Operation
 from webhook.policy.inventory import Snapshot
-from webhook.policy.rules import (
-    Axis,
-    Contribution,
-    Policy,
-)
+from webhook.policy.rules import Axis, Contribution, Policy
 
 
 class Context(NamedTuple):

@@ -16,9 +16,7 @@ from webhook.policy.dra_rules import NamespaceDRA
 from webhook.policy.findings import Verdict
 from webhook.policy.inventory import Snapshot
 from webhook.policy.pods import ContainerRef, PodSpecRef, render_path
-from webhook.policy.rules import (
-    Policy,
-)
+from webhook.policy.rules import Policy
 
 
 def evaluate_claim(policy: Policy, obj: Mapping[str, Any], namespace: str, ctx: Context) -> Verdict:

@@ -14,11 +14,7 @@ from webhook.policy.chosen import ChosenClass, Collector, Context, Pick
 from webhook.policy.class_edits import DEFAULT_SCHEDULER, plan_of
 from webhook.policy.pods import ContainerRef, PodSpecRef, render_path
 from webhook.policy.resources import is_glob, offered
-from webhook.policy.rules import (
-    Axis,
-    NamespacePolicy,
-    Policy,
-)
+from webhook.policy.rules import Axis, NamespacePolicy, Policy
 from webhook.policy.selection import NO_SELECTION, Term
 
 
