@@ -110,7 +110,7 @@ class AdmissionServer:
     @staticmethod
     def _log(mode: Mode, req: AdmissionRequest, verdict: Verdict, outcome: str, seconds: float) -> None:
         """The review's INFO line (one JSON object), when INFO is enabled."""
-        if log.isEnabledFor(logging.INFO):  # the whole line in one dict: `logs.info_line` would copy the fields
+        if log.isEnabledFor(logging.INFO):  # the whole line built in one dict, in JsonFormatter's shape
             logs.write_line({
                 "ts": logs.timestamp(time.time()), "level": "info", "logger": log.name, "msg": "review",
                 "event": "review", "endpoint": mode, "uid": req.uid, "namespace": req.namespace,

@@ -156,13 +156,6 @@ def configure(level: str) -> None:
     logger.addHandler(handler)
 
 
-def info_line(logger: logging.Logger, msg: str, fields: Mapping[str, Any]) -> None:
-    """Write one INFO line for `logger` (if enabled) through `STDERR`, in JsonFormatter's shape."""
-    if not logger.isEnabledFor(logging.INFO):
-        return
-    write_line({"ts": timestamp(time.time()), "level": "info", "logger": logger.name, "msg": msg, **fields})
-
-
 def write_line(line: Mapping[str, Any]) -> None:
     """Write `line`, a whole record in JsonFormatter's shape (`ts`, `level`, `logger`, `msg` first), through `STDERR`:
     the per-review path builds it in one dict (`AdmissionServer._log`)."""

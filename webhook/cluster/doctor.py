@@ -24,7 +24,8 @@ from typing import Any
 from webhook.cluster.explanations import SEVERITY, Clues, Status, explain
 from webhook.policy import checking, dra_fit, inventory
 from webhook.policy.checks import gpu_requests
-from webhook.policy.dra_extended import devices_per_node, dra_devices
+from webhook.policy.dra_extended import served_devices
+from webhook.policy.dra_inventory import SHOWN
 from webhook.policy.inventory import Node, Placement, Snapshot
 from webhook.policy.pods import mapping
 from webhook.policy.rules import Policy
@@ -99,13 +100,14 @@ def diagnose(policy: Policy, facts: Facts) -> Report:
     waits = False  # unscheduled because the GPUs of the nodes it can land on are in use
     if asks:  # extended resources: a device plugin on a node that advertises them (DRA claims: the step below)
         used = _used(policy, facts.pods, exclude=_name(pod), namespace=_namespace(pod))
-        steps.append(_advertised_step(snapshot, asks))
-        by_dra = _served_by_dra(snapshot, asks)
+        served = {r: found for r in asks if (found := served_devices(snapshot.dra, r)) is not None}  # KEP-5004
+        steps.append(_advertised_step(snapshot, asks, served))
+        by_dra = {r: device_class for r, (device_class, _) in served.items() if not snapshot.index.offers(r)}
         steps.append(_device_plugin_step(policy, facts) if len(by_dra) < len(asks) else Step(
             "Device plugin", "info", "not needed for this Pod: " + "; ".join(
                 f"DeviceClass {c} serves {r} through DRA (its extendedResourceName)" for r, c in sorted(by_dra.items()))
             + "; a device plugin advertising it on a node would take it over there"))
-        dra = {r: found for r in asks if (found := devices_per_node(snapshot.dra, r))}  # nodes with no plugin for r
+        dra = {r: per_node for r, (_, per_node) in served.items()}  # counted on the nodes with no plugin for r
         matching = _matching_step(snapshot, where, asks, used, scheduled=bool(spec.get("nodeName")), dra=dra)
         steps.append(matching)
         waits = matching.status == "warn"
@@ -130,19 +132,9 @@ def _request_step(asks: Mapping[str, int], claims: Sequence[str]) -> Step:
     return Step("GPU request", "ok", f"the Pod asks for {', '.join(parts)}")
 
 
-def _served_by_dra(snapshot: Snapshot, asks: Mapping[str, int]) -> dict[str, str]:
-    """resource -> DeviceClass for the requested resources no node's device plugin advertises and DRA devices serve
-    (KEP-5004)."""
-    served: dict[str, str] = {}
-    for resource in asks:
-        if not any(n.offers(resource) > 0 for n in snapshot.nodes):
-            dra = dra_devices(snapshot.dra, resource)
-            if dra is not None and dra[1] is not None and dra[1].nodes:
-                served[resource] = dra[0]
-    return served
-
-
-def _advertised_step(snapshot: Snapshot, asks: Mapping[str, int]) -> Step:
+def _advertised_step(snapshot: Snapshot, asks: Mapping[str, int],
+                     served: Mapping[str, tuple[str, Mapping[str, int]]]) -> Step:
+    """`served`: resource -> the DeviceClass that serves it through DRA and its devices per node."""
     evidence: list[str] = []
     missing: list[str] = []
     for resource in sorted(asks):
@@ -150,12 +142,11 @@ def _advertised_step(snapshot: Snapshot, asks: Mapping[str, int]) -> Step:
         if offering:
             shown = ", ".join(f"{n.name} ({n.offers(resource)})" for n in offering[:_SHOWN])
             evidence.append(f"{resource} allocatable on {len(offering)} node(s): {shown}")
-        elif (dra := dra_devices(snapshot.dra, resource)) is not None and dra[1] is not None and dra[1].nodes:
-            device_class, devices = dra[0], dra[1]
-            shown = ", ".join(devices.shown)
+        elif resource in served:
+            device_class, per_node = served[resource]
             evidence.append(f"{resource}: no device plugin advertises it; DeviceClass {device_class} serves it through "
-                            f"DRA (its extendedResourceName): {devices.devices} device(s) on {devices.nodes} node(s): "
-                            f"{shown}")
+                            f"DRA (its extendedResourceName): {sum(per_node.values())} device(s) on {len(per_node)} "
+                            f"node(s): {', '.join(sorted(per_node)[:SHOWN])}")
         else:
             missing.append(resource)
             reason = inventory.no_node_reason(snapshot, inventory.Placement({}, (), None, None, False), resource)

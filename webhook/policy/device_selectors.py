@@ -540,3 +540,9 @@ class DeviceQuery:
             selected += verdict is True
             undecided += verdict is None
         return selected, undecided
+
+
+@lru_cache(maxsize=1024)
+def query_of(expressions: tuple[str, ...]) -> DeviceQuery | None:
+    """`DeviceQuery.of`, read once per distinct list of selectors (a review asks the same ones several times)."""
+    return DeviceQuery.of(expressions)

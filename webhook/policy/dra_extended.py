@@ -17,11 +17,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from functools import lru_cache
 from typing import Any
 
-from webhook.policy.device_selectors import DeviceQuery
-from webhook.policy.dra_inventory import SHOWN, DeviceSummary, DraView
+from webhook.policy.device_selectors import DeviceQuery, query_of
+from webhook.policy.dra_inventory import SHOWN, DraView
 from webhook.policy.node_match import selector_mismatches, untolerated
 from webhook.policy.snapshot import Node
 
@@ -39,55 +38,45 @@ class DraOffer:
     largest: tuple[int, str] | None = None
 
 
-@lru_cache(maxsize=256)
-def _query(selectors: tuple[str, ...]) -> DeviceQuery | None:
-    return DeviceQuery.of(selectors)
+def _served(view: DraView, resource: str) -> tuple[str, DeviceQuery | None] | None:
+    """The DeviceClass that serves `resource` and the query of its selectors (None when one does not compile); None
+    when no class serves it, or the ResourceSlices and DeviceClasses are not known (a cluster without DRA, or an
+    identity that may not list them)."""
+    served = view.serving(resource) if view.devices_known else None
+    return (served.name, query_of(served.selectors)) if served is not None else None
 
 
 def dra_offer(view: DraView, resource: str, count: int, may_land: Callable[[str], bool]) -> DraOffer | None:
     """What DRA offers for `count` of `resource` on the nodes `may_land` admits (Ready, selected, tolerated, and not
-    advertising `resource` in allocatable); None when no DeviceClass serves `resource`, or when the ResourceSlices
-    and DeviceClasses are not known (a cluster without DRA, or an identity that may not list them)."""
-    if not view.devices_known:
-        return None
-    served = view.serving(resource)
+    advertising `resource` in allocatable); None when DRA does not serve it (`_served`)."""
+    served = _served(view, resource)
     if served is None:
         return None
-    query = _query(served.selectors)
+    device_class, query = served
     groups = view.nodes_by_count(query) if query is not None else None
     if groups is None:
-        return DraOffer(served.name, True)  # undecided: the webhook never denies on it
+        return DraOffer(device_class, True)  # undecided: the webhook never denies on it
     for have, nodes in groups:  # most devices first
         if "" in nodes:  # devices not local to one node (nodeSelector, allNodes): which nodes get them is not read
-            return DraOffer(served.name, True)
+            return DraOffer(device_class, True)
         if have >= count:
             if any(map(may_land, nodes)):
-                return DraOffer(served.name, True)
+                return DraOffer(device_class, True)
             continue
         landing = min(filter(may_land, nodes), default=None)  # only a Pod that fits nowhere pays for the name
         if landing is not None:
-            return DraOffer(served.name, False, (have, landing))
-    return DraOffer(served.name, False)
+            return DraOffer(device_class, False, (have, landing))
+    return DraOffer(device_class, False)
 
 
-def dra_devices(view: DraView, resource: str) -> tuple[str, DeviceSummary | None] | None:
-    """The DeviceClass that serves `resource` through DRA and its devices over the cluster (None for the summary when
-    a selector fails on a device); None when no class serves it or the DRA objects are not known. For `doctor`."""
-    served = view.serving(resource) if view.devices_known else None
-    if served is None:
-        return None
-    query = _query(served.selectors)
-    return served.name, view.nodes_with(query) if query is not None else None
-
-
-def devices_per_node(view: DraView, resource: str) -> dict[str, int]:
-    """node -> how many devices of the DeviceClass that serves `resource` match its selectors there (empty when no
-    class serves it, the DRA objects are not known, or a selector fails on a device). For `doctor`, which lists the
-    nodes; a review asks `dra_offer`."""
-    served = view.serving(resource) if view.devices_known else None
-    query = _query(served.selectors) if served is not None else None
-    groups = view.nodes_by_count(query) if query is not None else None
-    return {node: have for have, nodes in groups or () for node in nodes if node}
+def served_devices(view: DraView, resource: str) -> tuple[str, dict[str, int]] | None:
+    """The DeviceClass that serves `resource` through DRA and, per node, how many of its devices match its selectors
+    there; None when DRA does not serve it (`_served`), when a selector fails on a device, or when no node has one.
+    For `doctor` and the explanations, which name the nodes; a review asks `dra_offer`."""
+    served = _served(view, resource)
+    groups = view.nodes_by_count(served[1]) if served is not None and served[1] is not None else None
+    per_node = {node: have for have, nodes in groups or () for node in nodes if node}
+    return (served[0], per_node) if served is not None and per_node else None
 
 
 def no_device_reason(view: DraView, resource: str, device_class: str, nodes: Mapping[str, Node],
@@ -96,7 +85,8 @@ def no_device_reason(view: DraView, resource: str, device_class: str, nodes: Map
     """Why no node the Pod may land on has a device of `device_class` (which serves `resource`) where no device
     plugin advertises `resource` at all, in the words of the most likely cause, as
     `webhook.policy.inventory.no_node_reason` says it for the device plugins' nodes."""
-    having = sorted(name for name in devices_per_node(view, resource) if name in nodes)
+    served = served_devices(view, resource)
+    having = sorted(name for name in (served[1] if served else ()) if name in nodes)
     if not having:
         return (f"no ResourceSlice of a node has a device of DeviceClass {device_class}; check that the DRA driver "
                 "runs on the GPU nodes (kubectl get resourceslices)")

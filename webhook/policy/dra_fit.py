@@ -16,10 +16,9 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from functools import lru_cache
 
 from webhook.policy.claims import Claim, DeviceAsk, shown
-from webhook.policy.device_selectors import DeviceQuery
+from webhook.policy.device_selectors import query_of
 from webhook.policy.dra_inventory import DeviceSummary, DraView
 
 RULE = "dra-unsatisfiable"
@@ -87,14 +86,8 @@ def _class_selectors(view: DraView, name: str) -> tuple[str, ...] | None:
     return found.selectors if found is not None else None
 
 
-@lru_cache(maxsize=1024)
-def _query(expressions: tuple[str, ...]) -> DeviceQuery | None:
-    """The query of selectors, read once per distinct list (a review asks the same ones several times)."""
-    return DeviceQuery.of(expressions)
-
-
 def _nodes_with(expressions: Sequence[str], count: int, view: DraView) -> DeviceSummary | None:
-    query = _query(tuple(expressions))
+    query = query_of(tuple(expressions))
     return view.nodes_with(query, count) if query is not None else None
 
 

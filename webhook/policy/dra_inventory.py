@@ -338,14 +338,6 @@ class _Values:
 
 # --------------------------------------------------------------------------------------------- view
 
-_UNKNOWN = object()
-
-
-def _negated(timestamp: str) -> tuple[int, ...]:
-    """A sort key that puts the newest creationTimestamp first (RFC 3339 of one format orders as text)."""
-    return tuple(-ord(c) for c in timestamp)
-
-
 
 class DraView:
     """The DRA inventory at one moment: immutable, answered without walking the slices once a question is tracked."""
@@ -361,7 +353,7 @@ class DraView:
         self._matching: dict[DeviceQuery, _Matching] = dict(matching or {})
         self._values: dict[tuple[str, str], _Values] = dict(values or {})
         self._answers: dict[tuple[str, str], tuple[ValueCount, ...]] = {}
-        self._serving: dict[str, object] = {}  # extended resource -> its DeviceClass or None, once per view
+        self._serving: dict[str, DeviceClass | None] = {}  # extended resource -> its DeviceClass, once per view
         self._requests = requests
         self.counts: Mapping[Kind, int] = counts or dict.fromkeys(KINDS, 0)
 
@@ -420,12 +412,12 @@ class DraView:
         `resource` the newest, a tie going to the lower name; None when no class maps it."""
         if resource.startswith(IMPLICIT_PREFIX):
             return self._classes.get(resource[len(IMPLICIT_PREFIX):])
-        found = self._serving.get(resource, _UNKNOWN)
-        if found is _UNKNOWN:
+        if resource not in self._serving:
             mapping = [c for c in self._classes.values() if c.extended_resource_name == resource]
-            found = self._serving[resource] = min(
-                mapping, key=lambda c: (not c.created, _negated(c.created), c.name), default=None)
-        return found if isinstance(found, DeviceClass) else None
+            newest = max((c.created for c in mapping), default="")  # "" (no timestamp) is the oldest
+            self._serving[resource] = min((c for c in mapping if c.created == newest), key=lambda c: c.name,
+                                          default=None)
+        return self._serving[resource]
 
     def claim(self, namespace: str, name: str) -> ResourceClaim | None:
         return self._claims.get((namespace, name))

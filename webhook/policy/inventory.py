@@ -372,30 +372,30 @@ def capacity_findings(snapshot: Snapshot, where: Placement, resource: str, count
     if (dra is not None and dra.fits) or (dra is None and dra_only):
         return []
     selector = where.describe_selector()
-    served = (f" or has devices of DeviceClass {dra.device_class} (which serves {resource} through DRA)"
-              if dra is not None else "")
-    if eligible.largest is None and (dra is None or dra.largest is None):
-        why = no_node_reason(snapshot, where, resource) if dra is None or snapshot.index.offers(resource) else (
-            no_device_reason(snapshot.dra, resource, dra.device_class, snapshot.index.nodes,
-                             lambda node: selects(node, where), where.node_selector, where.tolerations))
-        return [("gpu-class-no-node",
-                 f"class {class_name} (nodeSelector {selector}) matches no Ready node that advertises "
-                 f"{resource}{served}, so the Pod would stay Pending: {why}")]
-    if dra is not None and dra.largest is not None and (eligible.largest is None
-                                                        or dra.largest[0] > eligible.largest[0]):
-        most, node = dra.largest
+    plugged = eligible.largest  # (offer, node): the device plugins' largest eligible node
+    offered = dra.largest if dra is not None else None  # (devices, node): DRA's, where no plugin advertises it
+    if plugged is not None and (offered is None or plugged[0] >= offered[0]):
+        most, largest = plugged
+        return [("gpu-never-schedulable",
+                 f"the Pod asks for {count} {resource} but the largest Ready node of class {class_name} "
+                 f"(nodeSelector {selector}) offers {most} ({largest}; {eligible.count} node"
+                 f"{'s' if eligible.count != 1 else ''} match): it would stay Pending with Insufficient {resource} "
+                 f"forever; ask for at most {most} per Pod, or split the work across Pods")]
+    if dra is not None and offered is not None:
+        most, node = offered
         return [("gpu-never-schedulable",
                  f"the Pod asks for {count} {resource} but the most any Ready node of class {class_name} "
                  f"(nodeSelector {selector}) offers is {most} ({node}: devices of DeviceClass {dra.device_class}, "
                  f"through DRA): it would stay Pending (cannot allocate all claims) forever; ask for at most "
                  f"{most} per Pod, or split the work across Pods")]
-    assert eligible.largest is not None
-    most, largest = eligible.largest
-    return [("gpu-never-schedulable",
-             f"the Pod asks for {count} {resource} but the largest Ready node of class {class_name} "
-             f"(nodeSelector {selector}) offers {most} ({largest}; {eligible.count} node"
-             f"{'s' if eligible.count != 1 else ''} match): it would stay Pending with Insufficient {resource} "
-             f"forever; ask for at most {most} per Pod, or split the work across Pods")]
+    served = (f" or has devices of DeviceClass {dra.device_class} (which serves {resource} through DRA)"
+              if dra is not None else "")
+    why = (no_node_reason(snapshot, where, resource) if dra is None or snapshot.index.offers(resource) else
+           no_device_reason(snapshot.dra, resource, dra.device_class, snapshot.index.nodes,
+                            lambda node: selects(node, where), where.node_selector, where.tolerations))
+    return [("gpu-class-no-node",
+             f"class {class_name} (nodeSelector {selector}) matches no Ready node that advertises {resource}{served}, "
+             f"so the Pod would stay Pending: {why}")]
 
 
 def _dra_landing(snapshot: Snapshot, where: Placement, resource: str) -> Callable[[str], bool]:
