@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from webhook.admission.loader import load_policy
-from webhook.policy import engine, native, native_cel
+from webhook.policy import cel_bind, engine, native, native_cel
 from webhook.policy.rules import RULES, parse_sources
 
 REPO = Path(__file__).resolve().parents[2]
@@ -235,3 +235,37 @@ def test_the_guards_read_no_params_where_they_must_not() -> None:
     for p in native_cel.policies():
         for v in p["spec"].get("validations", []):
             assert v["messageExpression"].startswith("variables.failed") and v["messageExpression"].endswith(": ''")
+
+
+def test_the_failing_guard_reads_no_variables_and_binds_each_once_in_order() -> None:
+    for p in native_cel.policies():
+        if p["kind"] != "ValidatingAdmissionPolicy":
+            continue
+        guard = p["spec"]["matchConditions"][-1]
+        assert guard["name"].startswith("some-rule-at-") and "variables." not in guard["expression"]
+        bound = re.findall(r"\]\.exists\(v_(\w+),", guard["expression"])
+        names = [v["name"] for v in p["spec"]["variables"]]
+        assert bound == [n for n in names if n in bound] and len(set(bound)) == len(bound)
+        assert {"spec", "gpus", "key", "tabled", "exempt"} <= set(bound)
+        assert not {"specPath", "metaPath", "limitWhere", "limitResource"} & set(bound)  # messages only
+
+
+@pytest.mark.parametrize(("expr", "variables", "bound"), [
+    ("variables.a > 1", [("a", "object.x"), ("b", "variables.a")], "[object.x].exists(v_a, v_a > 1)"),
+    ("variables.b", [("a", "object.x"), ("b", "variables.a + 1"), ("c", "2")],
+     "[object.x].exists(v_a, [v_a + 1].exists(v_b, v_b))"),
+    ("true", [("a", "1")], "true"),
+    ("variables.ab && variables.a", [("a", "1"), ("ab", "2")], "[1].exists(v_a, [2].exists(v_ab, v_ab && v_a))"),
+])
+def test_bind_evaluates_each_variable_needed_once(expr: str, variables: list[tuple[str, str]], bound: str) -> None:
+    assert cel_bind.bind(expr, variables) == bound
+
+
+@pytest.mark.parametrize(("expr", "variables", "error"), [
+    ("variables.z", [("a", "1")], "reads variables.z, which the policy does not define"),
+    ("variables.a", [("a", "variables.b"), ("b", "1")], "variable a reads b, defined after it"),
+])
+def test_bind_refuses_what_a_policy_could_not_evaluate(expr: str, variables: list[tuple[str, str]],
+                                                       error: str) -> None:
+    with pytest.raises(ValueError, match=error):
+        cel_bind.bind(expr, variables)

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from webhook.policy import pods
+from webhook.policy import cel_bind, pods
 
 Json = dict[str, Any]
 
@@ -491,12 +491,26 @@ def _mutating() -> Json:
     }
 
 
+def failing_guard(level: str, checks: list[Json]) -> Json:
+    """A validating policy's last matchCondition: some rule at `level` may concern the object (`level_guard`) and
+    one of its checks fails. A Pod that passes every check ends here, after one evaluation of the checks: the API
+    server evaluates the validations and then every messageExpression in passes of their own, each evaluating the
+    variables again, so a passing Pod would otherwise pay for the checks twice and for the policy's activations
+    twice more. The checks read the policy's variables, which a matchCondition cannot: `cel_bind.bind` evaluates
+    the ones they need in the condition itself. A Pod for which it is true is judged by the validations as before."""
+    failing = " || ".join(f"!({check['expression']})" for check in checks)
+    variables = _COMMON_VARIABLES + _variables_gpu()
+    return {"name": f"some-rule-at-{level}-fails", "expression": f"({level_guard(level)['expression']}) && "
+                                                                 f"({cel_bind.bind(failing, variables)})"}
+
+
 def _validating(level: str) -> Json:
     # Each check is a variable that its validation and its messageExpression both read: the API server evaluates
     # every messageExpression, pass or fail, so a message costs only that variable unless its check failed.
     failed: list[tuple[str, str]] = []
     validations: list[Json] = []
-    for index, check in enumerate(_validations(level)):
+    checks = _validations(level)
+    for index, check in enumerate(checks):
         name = f"failed{index}"
         failed.append((name, f"!({check['expression']})"))
         validations.append({"expression": f"!variables.{name}",
@@ -517,7 +531,7 @@ def _validating(level: str) -> Json:
                     "(object.kind == 'PodTemplate' ? object.template != oldObject.template : object.kind == 'CronJob' "
                     "? object.spec.jobTemplate.spec.template != oldObject.spec.jobTemplate.spec.template : "
                     "object.spec.template != oldObject.spec.template)")},
-                level_guard(level),
+                failing_guard(level, checks),
             ],
             "failurePolicy": "Fail",
             "variables": _variables(failed),
