@@ -6,6 +6,9 @@ Starts the e2e control plane, unregisters gpu-webhook and applies the native pol
 rendered (the warn policy bound: what its matchCondition leaves to do for the Pod) and with the warn policy unbound,
 alternately for `--level-rounds` rounds (`--levels-only`: then stops), and leaves the warn policy unbound.
 `--against CHECKOUT` alternates instead the policies as rendered here and as another tree renders them.
+`--map-shapes ROUNDS` alternates instead variants of the MutatingAdmissionPolicy: as rendered, with a no-op patch
+(the same conditions and variables), with a constant patch of the operations it makes for this Pod (no variable
+read), and ended by a false matchCondition.
 Then it replaces the deny policy's validations with: all of them, none (`true`), and each one alone. For each
 variant it makes `--creates` server-side dry-run creates of a one-GPU Pod and prints the growth of the API
 server's `apiserver_admission_controller_admission_duration_seconds_sum` per Pod for the
@@ -46,6 +49,48 @@ def _plugin_seconds(cluster: Cluster) -> tuple[float, float]:
     return totals[0], totals[1]
 
 
+# What the MAP adds to the one-GPU Pod with the packaged rules, as constants: the class's nodeSelector, runtime class
+# and the two annotations (the Pod already tolerates the GPU taint).
+_CONSTANT_PATCH = (
+    "[JSONPatch{op: 'add', path: '/spec/nodeSelector', value: {}}, "
+    "JSONPatch{op: 'add', path: '/spec/nodeSelector/workload', value: 'inference'}, "
+    "JSONPatch{op: 'add', path: '/spec/nodeSelector/gpu-type', value: 't4'}, "
+    "JSONPatch{op: 'add', path: '/spec/runtimeClassName', value: 'nvidia'}, "
+    "JSONPatch{op: 'add', path: '/metadata/annotations', value: {}}, "
+    "JSONPatch{op: 'add', path: '/metadata/annotations/gpu-webhook.io~1class', "
+    "value: 'workload=inference,gpu-type=t4'}, "
+    "JSONPatch{op: 'add', path: '/metadata/annotations/gpu-webhook.io~1rules', value: 'constant'}]")
+
+
+# A patch that changes nothing (a `test` of the kind): `[]` does not type-check as list(JSONPatch).
+_NO_OP_PATCH = "[JSONPatch{op: 'test', path: '/kind', value: 'Pod'}]"
+
+
+def _map_shapes(cluster: Cluster, core: Any, pod: dict[str, Any], rounds: int, measure: Any) -> None:
+    """Where the MutatingAdmissionPolicy's time goes: its variants alternated for `rounds` rounds."""
+    policy: dict[str, Any] = yaml.safe_load(cluster.kubectl(
+        "get", "mutatingadmissionpolicy", "gpu-webhook.io-class", "-o", "yaml").stdout)
+    policy["metadata"] = {"name": policy["metadata"]["name"]}
+    policy.pop("status", None)
+
+    def patched(expression: str) -> dict[str, Any]:
+        variant = copy.deepcopy(policy)
+        variant["spec"]["mutations"][0]["jsonPatch"]["expression"] = expression
+        return variant
+
+    ended = copy.deepcopy(policy)
+    ended["spec"]["matchConditions"].append({"name": "ended", "expression": "false"})
+    variants = [("MAP as rendered", policy), ("MAP, a no-op patch", patched(_NO_OP_PATCH)),
+                ("MAP, constant patch", patched(_CONSTANT_PATCH)), ("MAP, ended by a false matchCondition", ended)]
+    for _ in range(100):
+        core.create_namespaced_pod("profile", pod, dry_run="All", _preload_content=False)
+    for _ in range(rounds):
+        for name, variant in variants:
+            cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(variant))
+            time.sleep(2.5)
+            measure(name)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--creates", type=int, default=150, help="dry-run creates per variant (default 150)")
@@ -55,6 +100,10 @@ def main() -> int:
     parser.add_argument("--shapes", type=int, default=0, metavar="ROUNDS",
                         help="instead of each validation alone: all, all with constant messages, all in one "
                              "validation and none, for ROUNDS rounds")
+    parser.add_argument("--map-shapes", type=int, default=0, metavar="ROUNDS",
+                        help="instead: the MutatingAdmissionPolicy as rendered, with a no-op patch (the same "
+                             "conditions and variables), with a constant patch of the same operations (no variable "
+                             "read), and ended by a false matchCondition, for ROUNDS rounds")
     parser.add_argument("--against", type=Path, metavar="CHECKOUT",
                         help="instead: alternate the policies of this checkout with those of CHECKOUT (another "
                              "commit's tree; its webhook package renders them), as rendered, for --level-rounds "
@@ -83,6 +132,9 @@ def main() -> int:
             print(f"{name:<64} VAP {1000 * (vap1 - vap0) / args.creates:6.3f} ms/Pod   "
                   f"MAP {1000 * (map1 - map0) / args.creates:6.3f} ms/Pod   wall {1000 * wall:6.2f} ms", flush=True)
 
+        if args.map_shapes:
+            _map_shapes(cluster, core, pod, args.map_shapes, measure)
+            return 0
         if args.against is not None:
             ours = [d for d in render() if d["kind"].endswith("AdmissionPolicy")]
             theirs = [d for d in json.loads(subprocess.run(
