@@ -1,6 +1,7 @@
 """gpu-webhook side by side with Kyverno and Gatekeeper on one real API server. Prints markdown; not a test, not CI.
 
-    python bench/peers/run.py [--engines gpu-webhook,kyverno,gatekeeper] [--creates 300] [--rounds 2]
+    python bench/peers/run.py [--engines gpu-webhook,gpu-webhook-native,kyverno,gatekeeper] [--creates 300]
+                              [--rounds 2]
                               [--skip outcomes,messages,cost] [--keep-logs DIR]
 
 Starts the e2e control plane (tests/e2e/cluster.py: etcd, kube-apiserver, controller-manager, scheduler, kwok and
@@ -17,10 +18,14 @@ controller started here with the admin kubeconfig and its webhook on 127.0.0.1.
   audit Deployment's generate, status and mutation-status (the audit scan itself is off), --disable-cert-rotation
   and a certificate made here; a stand-in Pod object for POD_NAME (Gatekeeper owns its status objects by it); its
   two webhook configurations are registered with a URL, like gpu-webhook's.
+- gpu-webhook native: the same rules as admission policies (`gpu-webhook policies render`), run by the API server
+  itself; no process of its own, so its cost is the API server's CPU (the column "engine and API server CPU over no
+  policy" compares it with the others).
 
 Only one engine is registered at a time: gpu-webhook and Gatekeeper by applying or deleting their webhook
-configurations, Kyverno by applying or deleting its ClusterPolicies (Kyverno owns its webhook configurations and
-derives their rules from the policies). Every engine's processes run for the whole run.
+configurations, native mode by applying or deleting its policy bindings, Kyverno by applying or deleting its
+ClusterPolicies (Kyverno owns its webhook configurations and derives their rules from the policies). Every engine's
+processes run for the whole run.
 
 Three parts, each printed as markdown for docs/comparison.md:
 - outcomes: every document of tests/data/manifests and of ../shared/fixtures/real-manifests (read from there,
@@ -239,6 +244,32 @@ class GpuWebhook(Engine):
     def deactivate(self, cluster: Cluster) -> None:
         cluster.kubectl("delete", "mutatingwebhookconfiguration,validatingwebhookconfiguration", "gpu-webhook",
                         "--ignore-not-found")
+
+
+class GpuWebhookNative(Engine):
+    """This project in native mode: its rules as a MutatingAdmissionPolicy and ValidatingAdmissionPolicies
+    (`gpu-webhook policies render`), which the API server runs itself. No process of its own: its cost is in the
+    API server's CPU. The CRD, params and policies are applied once; registering it applies the bindings."""
+
+    bindings: list[Json]
+
+    def start(self, cluster: Cluster, work: Path) -> None:
+        from webhook.admission.loader import load_policy
+        from webhook.policy import native
+
+        crd, *rest = native.render(load_policy(REPO / "rules"))
+        cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(crd))
+        cluster.kubectl("wait", "--for=condition=Established", "crd/" + crd["metadata"]["name"], "--timeout=60s")
+        self.bindings = [d for d in rest if d["kind"].endswith("Binding")]
+        cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(d for d in rest if d not in self.bindings))
+        self.version = "this checkout"
+
+    def activate(self, cluster: Cluster) -> None:
+        cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(self.bindings))
+
+    def deactivate(self, cluster: Cluster) -> None:
+        for binding in self.bindings:
+            cluster.kubectl("delete", binding["kind"].lower(), binding["metadata"]["name"], "--ignore-not-found")
 
 
 class Kyverno(Engine):
@@ -703,6 +734,9 @@ def cost(cluster: Cluster, engines: list[Engine], creates: int, rounds: int) -> 
         if isinstance(engine, NoPolicy):
             continue
         pids = engine.pids()
+        if not pids:
+            lines.append(f"| {engine.name} | 0 | (in the API server) | (in the API server) |")
+            continue
         rss, pss = memory_mib(pids)
         lines.append(f"| {engine.name} | {len(pids)} | {rss:.0f} | {pss:.0f} |")
     rss, pss = memory_mib(group_pids(apiserver))
@@ -723,9 +757,12 @@ def print_cost(engines: list[Engine], merged: dict[str, Batch], memory: str, cre
         return statistics.quantiles([s * 1000 for s in batch.latencies], n=100)[q - 1]
 
     print("| engine | p50 ms | p99 ms | p50 over no policy ms | engine CPU s / 1,000 creates | "
-          "API server CPU s / 1,000 creates | webhook calls / create | API server's mean ms per call |")
-    print("|---|---|---|---|---|---|---|---|")
-    rows: dict[str, tuple[float, float, float]] = {}
+          "API server CPU s / 1,000 creates | engine and API server CPU over no policy s / 1,000 creates | "
+          "webhook calls / create | API server's mean ms per call |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    rows: dict[str, tuple[float, float, float, float]] = {}
+    base_api = (1000 * baseline.cpu.get("kube-apiserver", 0.0) / len(baseline.latencies)
+                if baseline and baseline.latencies else float("nan"))
     for engine in engines:
         batch = merged[engine.name]
         if not batch.latencies:
@@ -738,18 +775,21 @@ def print_cost(engines: list[Engine], merged: dict[str, Batch], memory: str, cre
         calls = sum(c for _, c in batch.calls.values())
         seconds = sum(s for s, _ in batch.calls.values())
         mean = 1000 * seconds / calls if calls else 0.0
-        rows[engine.name] = (extra, engine_cpu, mean)
+        added = engine_cpu + api_cpu - base_api
+        rows[engine.name] = (extra, engine_cpu, added, mean)
         print(f"| {engine.name} | {p50:.2f} | {p99:.2f} | {extra:+.2f} | {engine_cpu:.2f} | {api_cpu:.2f} | "
-              f"{calls / n:.2f} | {mean:.2f} |")
+              f"{added:+.2f} | {calls / n:.2f} | {mean:.2f} |")
     if ours and "gpu-webhook" in rows:
         base = rows["gpu-webhook"]
         print("\nRatios against gpu-webhook (peer / gpu-webhook):\n")
-        print("| engine | added p50 latency | engine CPU per admission | API server's mean per call |")
-        print("|---|---|---|---|")
-        for name, (extra, engine_cpu, mean) in rows.items():
+        print("| engine | added p50 latency | engine CPU per admission | engine and API server CPU added per "
+              "admission | API server's mean per call |")
+        print("|---|---|---|---|---|")
+        for name, (extra, engine_cpu, added, mean) in rows.items():
             if name in ("no policy",):
                 continue
-            ratio = [f"{a / b:.2f}x" if b > 0 else "n/a" for a, b in zip((extra, engine_cpu, mean), base, strict=True)]
+            ratio = [f"{a / b:.2f}x" if b > 0 and a > 0 else "n/a"  # native mode: no process, no webhook call
+                     for a, b in zip((extra, engine_cpu, added, mean), base, strict=True)]
             print(f"| {name} | " + " | ".join(ratio) + " |")
     print("\nPer webhook, as the API server measured it (cumulative over the engine's batches):\n")
     print("| engine | webhook | calls | mean ms |")
@@ -767,6 +807,7 @@ def print_cost(engines: list[Engine], merged: dict[str, Batch], memory: str, cre
 
 ENGINES: dict[str, Callable[[], Engine]] = {
     "gpu-webhook": lambda: GpuWebhook("gpu-webhook", "gpu-webhook"),
+    "gpu-webhook-native": lambda: GpuWebhookNative("gpu-webhook native", "no webhook"),
     "kyverno": lambda: Kyverno("kyverno", "kyverno"),
     "gatekeeper": lambda: Gatekeeper("gatekeeper", "gatekeeper"),
 }
@@ -775,7 +816,8 @@ ENGINES: dict[str, Callable[[], Engine]] = {
 def main() -> int:
     """Start everything, run the parts asked for, print markdown."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--engines", default="gpu-webhook,kyverno,gatekeeper", help="comma-separated")
+    parser.add_argument("--engines", default="gpu-webhook,gpu-webhook-native,kyverno,gatekeeper",
+                        help="comma-separated")
     parser.add_argument("--creates", type=int, default=300, help="Pod creates per engine per round (default 300)")
     parser.add_argument("--rounds", type=int, default=2, help="interleaved rounds (default 2)")
     parser.add_argument("--skip", default="", help="comma-separated parts to skip: outcomes, messages, cost")
