@@ -6,7 +6,8 @@ Starts the e2e control plane, unregisters gpu-webhook and applies the native pol
 rendered (the warn policy bound: what its matchCondition leaves to do for the Pod) and with the warn policy unbound,
 alternately for `--level-rounds` rounds (`--levels-only`: then stops), and leaves the warn policy unbound.
 `--against CHECKOUT` alternates instead the policies as rendered here and as another tree renders them.
-`--map-shapes ROUNDS` alternates instead variants of the MutatingAdmissionPolicy: as rendered, with a no-op patch
+`--map-shapes ROUNDS` alternates instead variants of the MutatingAdmissionPolicy: as rendered, with
+`reinvocationPolicy: Never` (no second pass after it changed the Pod), with a no-op patch
 (the same conditions and variables), with a constant patch of the operations it makes for this Pod (no variable
 read), and ended by a false matchCondition.
 Then it replaces the deny policy's validations with: all of them, none (`true`), and each one alone. For each
@@ -80,7 +81,10 @@ def _map_shapes(cluster: Cluster, core: Any, pod: dict[str, Any], rounds: int, m
 
     ended = copy.deepcopy(policy)
     ended["spec"]["matchConditions"].append({"name": "ended", "expression": "false"})
-    variants = [("MAP as rendered", policy), ("MAP, a no-op patch", patched(_NO_OP_PATCH)),
+    never = copy.deepcopy(policy)
+    never["spec"]["reinvocationPolicy"] = "Never"
+    variants = [("MAP as rendered", policy), ("MAP, reinvocationPolicy Never", never),
+                ("MAP, a no-op patch", patched(_NO_OP_PATCH)),
                 ("MAP, constant patch", patched(_CONSTANT_PATCH)), ("MAP, ended by a false matchCondition", ended)]
     for _ in range(100):
         core.create_namespaced_pod("profile", pod, dry_run="All", _preload_content=False)
