@@ -772,8 +772,9 @@ def print_cost(engines: list[Engine], merged: dict[str, Batch], memory: str, cre
         extra = p50 - pct(baseline, 50) if baseline and baseline.latencies else float("nan")
         engine_cpu = 1000 * batch.cpu.get(engine.name, 0.0) / n if not isinstance(engine, NoPolicy) else 0.0
         api_cpu = 1000 * batch.cpu.get("kube-apiserver", 0.0) / n
-        calls = sum(c for _, c in batch.calls.values())
-        seconds = sum(s for s, _ in batch.calls.values())
+        own = [v for hook, v in batch.calls.items() if engine.webhook_match and engine.webhook_match in hook]
+        calls = sum(c for _, c in own)  # its own webhooks only (another engine's, idle, may be called meanwhile)
+        seconds = sum(s for s, _ in own)
         mean = 1000 * seconds / calls if calls else 0.0
         added = engine_cpu + api_cpu - base_api
         rows[engine.name] = (extra, engine_cpu, added, mean)
@@ -807,7 +808,7 @@ def print_cost(engines: list[Engine], merged: dict[str, Batch], memory: str, cre
 
 ENGINES: dict[str, Callable[[], Engine]] = {
     "gpu-webhook": lambda: GpuWebhook("gpu-webhook", "gpu-webhook"),
-    "gpu-webhook-native": lambda: GpuWebhookNative("gpu-webhook native", "no webhook"),
+    "gpu-webhook-native": lambda: GpuWebhookNative("gpu-webhook native", ""),  # no webhook of its own
     "kyverno": lambda: Kyverno("kyverno", "kyverno"),
     "gatekeeper": lambda: Gatekeeper("gatekeeper", "gatekeeper"),
 }
