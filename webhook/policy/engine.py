@@ -98,7 +98,8 @@ def _evaluate_spec(policy: Policy, obj: Mapping[str, Any], ref: PodSpecRef, name
     A spec whose GPU quantities are wrong is still a GPU spec: its class is judged too, so that every
     independent problem is reported in one answer."""
     before = len(out.findings)
-    per_resource = checks.check_containers(policy, ref, out)
+    containers = pods.containers(ref)  # made once: a spec without GPUs reads them twice
+    per_resource = checks.check_containers(policy, ref, out, containers)
     checks.check_pod_level(policy, ref, out)
     flawed = len(out.findings) > before  # some GPU quantity is wrong: the spec asks for GPUs all the same
     gpus = 0
@@ -109,7 +110,7 @@ def _evaluate_spec(policy: Policy, obj: Mapping[str, Any], ref: PodSpecRef, name
         placed = placed or ((count > 0 or flawed) and _placed_by_classes(policy, name))
     claims = ctx.pod_claims(policy, namespace, ref.spec)
     if gpus == 0 and not claims and not flawed:
-        checks.check_unaccounted_access(policy, ref, out)
+        checks.check_unaccounted_access(policy, ref, out, containers)
         return None
     if not claims and not placed:
         return None, gpus
