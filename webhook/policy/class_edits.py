@@ -119,15 +119,16 @@ def _shape(obj: Mapping[str, Any], ref: PodSpecRef, chosen: ChosenClass, plan: C
     """The memo key of a pod spec's class changes: all that `class_edits` and `patch.operations` read of the
     object for this plan, and nothing more, so that Pods of one class that differ elsewhere share an entry.
 
-    The class (its plan key and name; the policy, with its digest, holds the memo); where the spec and its
-    metadata are (and whether it is a template: the Priority fields are removed only from Pods); the type of
-    the metadata in the object (absent, it is added whole; `ref.metadata` is that object's when not empty); the keys
-    of the nodeSelector, node affinity, labels and annotations (None when not an object) where the plan adds to
-    them, their values never being read; which of the class's tolerations the Pod's already cover (None when
-    its tolerations are not a list); the values of the fields the plan sets; whether `priority` and
-    `preemptionPolicy` are present. Values compare as Python compares them, as `class_edits` does. None (not
-    memoised) when the plan adds match expressions: those edits read the whole node affinity. This runs on every
-    GPU Pod: each part is one or two C calls where it can be (a tuple costs about as much as a Python call)."""
+    It holds: the class (its plan key and name; the policy, with its digest, holds the memo); where the spec and
+    its metadata are, and whether it is a template (the Priority fields are removed only from Pods); the type of
+    the metadata in the object (absent, it is added whole; `ref.metadata` is that object's when not empty); the
+    keys of the nodeSelector, node affinity and labels where the plan adds to them, and of the annotations (the
+    class's and the rules' are added when missing), None when not an object, their values never being read;
+    which of the class's tolerations the Pod's already cover (None when its tolerations are not a list); the
+    values of the fields the plan sets; whether `priority` and `preemptionPolicy` are present. Values compare as
+    Python compares them, as `class_edits` does. None (not memoised) when the plan adds match expressions: those
+    edits read the whole node affinity. This runs on every GPU Pod: each part is one or two C calls where it can
+    be (a tuple costs about as much as a Python call)."""
     if plan.match_expressions:
         return None
     spec, metadata = ref.spec, ref.metadata
