@@ -24,7 +24,7 @@ from webhook.admission.settings import Settings  # noqa: E402
 from webhook.policy import checks, pods  # noqa: E402
 from webhook.policy.chosen import Collector  # noqa: E402
 from webhook.policy.class_choice import choose_class  # noqa: E402
-from webhook.policy.class_edits import class_edits  # noqa: E402
+from webhook.policy.class_edits import class_changes  # noqa: E402
 from webhook.policy.engine import Context, evaluate  # noqa: E402
 from webhook.policy.patch import operations  # noqa: E402
 
@@ -35,7 +35,8 @@ DEFAULT_REVIEW = REPO / "tests" / "data" / "admission-reviews" / "pod-create-fro
 def stages(server: AdmissionServer, body: bytes) -> dict[str, Callable[[], Any]]:
     """Each stage of `AdmissionServer.answer` as a call on prepared inputs, in the order the server runs them.
 
-    The class choice and the class edits are parts of `evaluate`, and `patch operations` of `decide`."""
+    The class choice and the class changes (edits and their patch, memoised) are parts of `evaluate`; `decide`
+    calls `operations` only for a patch the class memo does not have (this stage shows what that costs)."""
     document = decode_json(body)
     req = request_of(document)
     policy = server.store.policy
@@ -61,10 +62,10 @@ def stages(server: AdmissionServer, body: bytes) -> dict[str, Callable[[], Any]]
         assert chosen is not None
         table["  class choice (choose_class)"] = (
             lambda: choose_class(policy, ref, namespace, ctx, per_resource, Collector(policy)))
-        table["  class edits (class_edits)"] = lambda: class_edits(policy, ref, chosen)
+        table["  class changes (class_changes)"] = lambda: class_changes(policy, obj, ref, chosen)
     table.update({
         "decision (_decide, incl. patch)": lambda: server._decide("mutate", req, verdict, policy.digest),
-        "  patch building (operations)": lambda: operations(obj, verdict.edits),
+        "  patch building (operations, without the memo)": lambda: operations(obj, verdict.edits),
         "response building (build_response)": lambda: build_response(req, decision),
         "metrics (Metrics.review)": lambda: server.metrics.review("mutate", req.kind.kind, outcome, findings, 0.0002),
         "logging (the INFO line)": lambda: server._log("mutate", req, verdict, outcome, 0.0002),

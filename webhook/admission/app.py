@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 import orjson
@@ -83,9 +83,13 @@ class AdmissionServer:
 
     @staticmethod
     def _decide(mode: Mode, req: AdmissionRequest, verdict: Verdict, digest: str) -> Decision:
-        patch: list[dict[str, Any]] = []
+        patch: Sequence[dict[str, Any]] = ()
+        encoded = ""
         if mode == "mutate" and verdict.allowed and verdict.edits and req.obj is not None:
-            patch = operations(req.obj, verdict.edits)
+            if verdict.patch is not None:  # the engine's memoised patch, already encoded: only read here
+                patch, encoded = verdict.patch
+            else:
+                patch = operations(req.obj, verdict.edits)
         audit = {"policy-digest": digest}
         if verdict.gpu_class:
             audit["gpu-class"] = verdict.gpu_class
@@ -97,6 +101,7 @@ class AdmissionServer:
             patch=patch,
             warnings=[w.render() for w in verdict.warnings] if verdict.warnings else (),
             audit_annotations=audit,
+            encoded_patch=encoded,
         )
 
     def _record(self, mode: Mode, req: AdmissionRequest, verdict: Verdict, outcome: str,

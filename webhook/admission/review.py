@@ -8,7 +8,6 @@ warnings it will not silently drop, auditAnnotations keys it will not silently d
 
 from __future__ import annotations
 
-import base64
 import functools
 import re
 import unicodedata
@@ -19,6 +18,7 @@ from typing import Any, Literal, NamedTuple, cast
 import orjson
 
 from webhook.policy.findings import Operation
+from webhook.policy.patch import encode as encode_operations
 
 ApiVersion = Literal["admission.k8s.io/v1", "admission.k8s.io/v1beta1"]
 API_VERSIONS: tuple[ApiVersion, ...] = ("admission.k8s.io/v1", "admission.k8s.io/v1beta1")
@@ -82,6 +82,7 @@ class Decision(NamedTuple):
     patch: Sequence[Mapping[str, Any]] = ()
     warnings: Sequence[str] = ()
     audit_annotations: Mapping[str, str] = MappingProxyType({})
+    encoded_patch: str = ""  # `patch` already encoded (a memoised patch, `findings.Patch`); "": encoded here
 
 
 def _mapping(value: object, where: str, *, required: bool = False) -> Mapping[str, Any] | None:
@@ -221,7 +222,7 @@ def audit_key(key: str) -> str | None:
 
 def encode_patch(operations: Sequence[Mapping[str, Any]]) -> str:
     """RFC 6902 operations as the base64 string `response.patch` carries."""
-    return base64.b64encode(orjson.dumps(list(operations))).decode("ascii")
+    return encode_operations(operations)
 
 
 def build_response(request: AdmissionRequest, decision: Decision) -> dict[str, Any]:
@@ -236,7 +237,7 @@ def build_response(request: AdmissionRequest, decision: Decision) -> dict[str, A
         }
     elif decision.patch:
         response["patchType"] = "JSONPatch"
-        response["patch"] = encode_patch(decision.patch)
+        response["patch"] = decision.encoded_patch or encode_patch(decision.patch)
     warnings = sanitize_warnings(decision.warnings) if decision.warnings else ()
     if warnings:
         response["warnings"] = list(warnings)

@@ -12,7 +12,7 @@ resources, and GPU access the scheduler does not count. Findings go to a `Sink` 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 from webhook.policy import pods, quantity
@@ -50,10 +50,12 @@ def is_dra_served(policy: Policy, name: str) -> bool:
     return resource is not None and resource.device_class is not None
 
 
-def check_containers(policy: Policy, ref: PodSpecRef, out: Sink) -> dict[str, list[tuple[ContainerRef, int]]]:
-    """Per-container quantity rules; returns, per GPU resource name, each container's valid count."""
+def check_containers(policy: Policy, ref: PodSpecRef, out: Sink, containers: Sequence[ContainerRef] | None = None
+                     ) -> dict[str, list[tuple[ContainerRef, int]]]:
+    """Per-container quantity rules; returns, per GPU resource name, each container's valid count. `containers`:
+    `pods.containers(ref)`, when the caller has them."""
     per_resource: dict[str, list[tuple[ContainerRef, int]]] = {}
-    for cref in pods.containers(ref):
+    for cref in pods.containers(ref) if containers is None else containers:
         resources = cref.container.get("resources")
         if not isinstance(resources, dict):
             continue
@@ -154,9 +156,11 @@ def check_pod_level(policy: Policy, ref: PodSpecRef, out: Sink) -> None:
                         "resources.limits")
 
 
-def check_unaccounted_access(policy: Policy, ref: PodSpecRef, out: Sink) -> None:
-    """A spec with no GPU request that can still reach GPUs, or sits on GPU nodes for nothing."""
-    for cref in pods.containers(ref):
+def check_unaccounted_access(policy: Policy, ref: PodSpecRef, out: Sink,
+                             containers: Sequence[ContainerRef] | None = None) -> None:
+    """A spec with no GPU request that can still reach GPUs, or sits on GPU nodes for nothing. `containers`:
+    `pods.containers(ref)`, when the caller has them."""
+    for cref in pods.containers(ref) if containers is None else containers:
         env = cref.container.get("env")
         for var in env if isinstance(env, list) else []:
             if isinstance(var, dict) and var.get("name") == GPU_ENV and "value" in var:

@@ -10,7 +10,7 @@ from typing import Any, NamedTuple
 
 from webhook.policy import inventory
 from webhook.policy.claims import Claim
-from webhook.policy.findings import Edit, Finding, Mode, Operation
+from webhook.policy.findings import Edit, Finding, Mode, Operation, Patch
 from webhook.policy.inventory import Snapshot
 from webhook.policy.rules import Axis, Contribution, Policy
 
@@ -55,6 +55,9 @@ class Collector:
     findings: list[Finding] = field(default_factory=list)
     edits: list[Edit] = field(default_factory=list)
     classes: list[ChosenClass] = field(default_factory=list)
+    # `edits` as a JSON Patch, when one memoised `class_edits.ClassChanges` made all of them unfiltered (shared
+    # between reviews: read only); None: the caller builds the patch with `patch.operations`.
+    patch: Patch | None = None
 
     def add(self, rule: str, message: str) -> None:
         level = self.policy.enforcement_of(rule)

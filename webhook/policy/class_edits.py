@@ -1,23 +1,25 @@
 """What a GPU Pod's class adds to it: the plan of a class (its nodeSelector, tolerations, node affinity, runtime
 class and other fields, memoised per class on the loaded rules), the edits that apply it without overwriting what
-the author wrote, and, at the validating endpoint, the violation when they are missing. Part of
-`webhook.policy.engine`."""
+the author wrote and their JSON Patch (memoised per class and pod spec shape, `class_changes`), and, at the
+validating endpoint, the violation when they are missing. Part of `webhook.policy.engine`."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from webhook.policy import inventory, pods
 from webhook.policy.chosen import ChosenClass, Collector
-from webhook.policy.findings import Edit
+from webhook.policy.findings import Edit, Patch
+from webhook.policy.patch import patch_of
 from webhook.policy.pods import PodSpecRef
 from webhook.policy.rules import ANNOTATION_PREFIX, Contribution, Expression, Policy
 
 CLASS_ANNOTATION = ANNOTATION_PREFIX + "class"
 RULES_ANNOTATION = ANNOTATION_PREFIX + "rules"
 DEFAULT_SCHEDULER = "default-scheduler"
+MEMO_SIZE = 1024  # entries of the per-policy memo of class changes; a full memo takes no more
 
 
 def class_fields(contribution: Contribution) -> list[tuple[str, str]]:
@@ -44,6 +46,7 @@ class ClassPlan:
     annotations: Mapping[str, str]
     cap: tuple[int, str] | None  # the class maximum and the axis value that sets it
     required: tuple[tuple[str, str, str], ...]  # (field, value, source): the single-valued fields axis values require
+    field_names: tuple[str, ...] = ()  # the names in `fields`, in order
 
 
 def plan_of(policy: Policy, chosen: ChosenClass) -> ClassPlan:
@@ -75,10 +78,76 @@ def plan_of(policy: Policy, chosen: ChosenClass) -> ClassPlan:
     caps = [(c.max_gpus_per_pod, source) for source, c, _ in chosen.contributions() if c.max_gpus_per_pod]
     required = [(k, v, source) for source, c, _ in chosen.contributions() for k, v in class_fields(c)]
     plan = ClassPlan(selector, tuple(tolerations), tuple(fields.items()), affinity, expressions, labels, annotations,
-                     min(caps) if caps else None, tuple(required))
+                     min(caps) if caps else None, tuple(required), tuple(fields))
     if len(policy.plans) < 1024:
         policy.plans[key] = plan
     return plan
+
+
+class ClassChanges(NamedTuple):
+    """What a class adds to one pod spec: its edits and, on the object the spec is in, their JSON Patch (None when
+    not memoised: the patch is then built only where it is needed, with `patch.operations`).
+
+    Shared between reviews through the memo of `class_changes`: neither the tuples nor the operations' dicts
+    are ever changed once made (a caller that would change them copies them first)."""
+
+    edits: tuple[Edit, ...]
+    patch: Patch | None
+
+
+def class_changes(policy: Policy, obj: Mapping[str, Any], ref: PodSpecRef, chosen: ChosenClass) -> ClassChanges:
+    """`class_edits` and their `patch.operations` on `obj`, memoised on the (immutable) policy by `_shape`: the
+    second Pod of a class and shape gets the first one's, made once."""
+    plan = policy.plans.get(chosen.plan_key) or plan_of(policy, chosen)
+    key = _shape(obj, ref, chosen, plan)
+    if key is None:
+        return ClassChanges(tuple(class_edits(policy, ref, chosen)), None)
+    memo: dict[tuple[Any, ...], ClassChanges] = policy.class_changes
+    try:
+        found = memo.get(key)
+    except TypeError:  # an unhashable value where a field belongs (a manifest's, never the API server's): no memo
+        return ClassChanges(tuple(class_edits(policy, ref, chosen)), None)
+    if found is None:
+        edits = tuple(class_edits(policy, ref, chosen))
+        if len(memo) >= MEMO_SIZE:
+            return ClassChanges(edits, None)
+        found = memo[key] = ClassChanges(edits, patch_of(obj, edits))
+    return found
+
+
+def _shape(obj: Mapping[str, Any], ref: PodSpecRef, chosen: ChosenClass, plan: ClassPlan) -> tuple[Any, ...] | None:
+    """The memo key of a pod spec's class changes: all that `class_edits` and `patch.operations` read of the
+    object for this plan, and nothing more, so that Pods of one class that differ elsewhere share an entry.
+
+    It holds: the class (its plan key and name; the policy, with its digest, holds the memo); where the spec and
+    its metadata are, and whether it is a template (the Priority fields are removed only from Pods); the type of
+    the metadata in the object (absent, it is added whole; `ref.metadata` is that object's when not empty); the
+    keys of the nodeSelector, node affinity and labels where the plan adds to them, and of the annotations (the
+    class's and the rules' are added when missing), None when not an object, their values never being read;
+    which of the class's tolerations the Pod's already cover (None when its tolerations are not a list); the
+    values of the fields the plan sets; whether `priority` and `preemptionPolicy` are present. Values compare as
+    Python compares them, as `class_edits` does. None (not memoised) when the plan adds match expressions: those
+    edits read the whole node affinity. This runs on every GPU Pod: each part is one or two C calls where it can
+    be (a tuple costs about as much as a Python call)."""
+    if plan.match_expressions:
+        return None
+    spec, metadata = ref.spec, ref.metadata
+    selector = spec.get("nodeSelector") if plan.node_selector else None
+    tolerations = spec.get("tolerations") if plan.tolerations else None
+    affinity = spec.get("affinity") if plan.node_affinity else None
+    labels = metadata.get("labels") if plan.labels else None
+    annotations = metadata.get("annotations")
+    return (
+        chosen.plan_key, chosen.name, ref.spec_path, ref.metadata_path, ref.is_template,
+        dict if metadata else type(pods.get(obj, ref.metadata_path)),
+        tuple(selector) if isinstance(selector, dict) else None,
+        _coverage(tolerations, plan.tolerations) if isinstance(tolerations, list) else None,
+        tuple(map(spec.get, plan.field_names)),
+        "priority" in spec, "preemptionPolicy" in spec,
+        tuple(affinity) if isinstance(affinity, dict) else None,
+        tuple(labels) if isinstance(labels, dict) else None,
+        tuple(annotations) if isinstance(annotations, dict) else None,
+    )
 
 
 def class_edits(policy: Policy, ref: PodSpecRef, chosen: ChosenClass) -> list[Edit]:
@@ -93,8 +162,8 @@ def class_edits(policy: Policy, ref: PodSpecRef, chosen: ChosenClass) -> list[Ed
             edits.append(Edit("set", selector_path, key, wanted_value))
     current = spec.get("tolerations")
     existing = current if isinstance(current, list) else ()
-    for tol in plan.tolerations:
-        if not _covered(existing, tol):
+    for tol, covered in zip(plan.tolerations, _coverage(existing, plan.tolerations), strict=True):
+        if not covered:
             edits.append(Edit("append", (*path, "tolerations"), None, tol))  # operations() copies the rules' dict
     for field_name, wanted in plan.fields:
         value = spec.get(field_name)
@@ -149,6 +218,23 @@ def _affinity_edits(spec: Mapping[str, Any], path: pods.Path, plan: ClassPlan) -
         edits.extend(Edit("append", (*required_path, "nodeSelectorTerms", index, "matchExpressions"), None, e)
                      for e in wanted if not any(inventory.same_expression(h, e) for h in have))
     return edits
+
+
+def _coverage(present: Sequence[Any], wanted: Sequence[Mapping[str, Any]]) -> tuple[bool, ...]:
+    """For each of the `wanted` tolerations, whether one of the `present` ones covers it (`_covered`).
+
+    One call for all of them, and a toleration of another effect is passed over without a call to `_covers`
+    (the usual case: the API server's NoExecute tolerations of every Pod): this runs on every GPU Pod."""
+    found = []
+    for want in wanted:
+        effect = want.get("effect")
+        for have in present:
+            if isinstance(have, dict) and have.get("effect") in (None, "", effect) and _covers(have, want):
+                found.append(True)
+                break
+        else:
+            found.append(False)
+    return tuple(found)
 
 
 def _covered(present: Sequence[Any], want: Mapping[str, Any]) -> bool:

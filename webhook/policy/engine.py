@@ -33,7 +33,7 @@ from webhook.policy import checks, claims, inventory, pods
 from webhook.policy.chosen import ChosenClass, Collector, Context, Pick
 from webhook.policy.claim_review import check_pod_claims, evaluate_claim
 from webhook.policy.class_choice import check_class_fit, choose_class
-from webhook.policy.class_edits import CLASS_ANNOTATION, RULES_ANNOTATION, class_edits, require_class
+from webhook.policy.class_edits import CLASS_ANNOTATION, RULES_ANNOTATION, ClassChanges, class_changes, require_class
 from webhook.policy.findings import Edit, Mode, Verdict
 from webhook.policy.inventory import Snapshot
 from webhook.policy.pods import ContainerRef, PodSpecRef
@@ -69,12 +69,14 @@ def evaluate(policy: Policy, obj: Mapping[str, Any] | None, ctx: Context) -> Ver
             total += result[1]
     classes = tuple(collector.classes)
     if not collector.findings:  # the usual case: nothing to sort
-        return Verdict(edits=tuple(collector.edits), gpu_class=gpu_class, gpus=total, classes=classes)
+        return Verdict(edits=tuple(collector.edits), gpu_class=gpu_class, gpus=total, classes=classes,
+                       patch=collector.patch)
     violations = tuple(f for f in collector.findings if f.enforcement == "deny")
     warnings = tuple(f for f in collector.findings if f.enforcement == "warn")
-    edits = () if violations else tuple(collector.edits)
-    return Verdict(violations=violations, warnings=warnings, edits=edits, gpu_class=gpu_class, gpus=total,
-                   classes=classes)
+    if violations:
+        return Verdict(violations=violations, warnings=warnings, gpu_class=gpu_class, gpus=total, classes=classes)
+    return Verdict(warnings=warnings, edits=tuple(collector.edits), gpu_class=gpu_class, gpus=total, classes=classes,
+                   patch=collector.patch)
 
 
 def _placed_by_classes(policy: Policy, name: str) -> bool:
@@ -96,7 +98,8 @@ def _evaluate_spec(policy: Policy, obj: Mapping[str, Any], ref: PodSpecRef, name
     A spec whose GPU quantities are wrong is still a GPU spec: its class is judged too, so that every
     independent problem is reported in one answer."""
     before = len(out.findings)
-    per_resource = checks.check_containers(policy, ref, out)
+    containers = pods.containers(ref)  # made once: a spec without GPUs reads them twice
+    per_resource = checks.check_containers(policy, ref, out, containers)
     checks.check_pod_level(policy, ref, out)
     flawed = len(out.findings) > before  # some GPU quantity is wrong: the spec asks for GPUs all the same
     gpus = 0
@@ -107,7 +110,7 @@ def _evaluate_spec(policy: Policy, obj: Mapping[str, Any], ref: PodSpecRef, name
         placed = placed or ((count > 0 or flawed) and _placed_by_classes(policy, name))
     claims = ctx.pod_claims(policy, namespace, ref.spec)
     if gpus == 0 and not claims and not flawed:
-        checks.check_unaccounted_access(policy, ref, out)
+        checks.check_unaccounted_access(policy, ref, out, containers)
         return None
     if not claims and not placed:
         return None, gpus
@@ -123,32 +126,35 @@ def _evaluate_spec(policy: Policy, obj: Mapping[str, Any], ref: PodSpecRef, name
                 "(the class nodeSelector places the Pod)")
     if MIRROR_ANNOTATION in pods.mapping(pods.mapping(obj.get("metadata")).get("annotations")):
         return chosen.name, gpus  # the kubelet's mirror of a static Pod: immutable, never patched
-    edits = class_edits(policy, ref, chosen)  # what the class adds: injected, checked or required below
+    changes = class_changes(policy, obj, ref, chosen)  # what the class adds: injected, checked or required below
     keep_runtime = True
     if ctx.inventory is not None:
-        chosen, edits, keep_runtime = _check_inventory(policy, ref, chosen, edits, per_resource, ctx.inventory,
-                                                       ctx.mode, out)
+        chosen, changes, keep_runtime = _check_inventory(policy, obj, ref, chosen, changes, per_resource,
+                                                         ctx.inventory, ctx.mode, out)
     out.classes.append(chosen)
     if ctx.mode == "mutate":
         if (not ref.is_template or policy.mutate_templates) and obj.get("kind") in pods.KNOWN_KINDS:
-            out.edits.extend(edits if keep_runtime else [e for e in edits if not _is_runtime_edit(ref, e)])
+            # The memoised patch is the object's only while these edits are all of its edits.
+            out.patch = changes.patch if keep_runtime and not out.edits else None
+            out.edits.extend(changes.edits if keep_runtime else
+                             [e for e in changes.edits if not _is_runtime_edit(ref, e)])
     elif not ref.is_template and not any(f.enforcement == "deny" for f in out.findings):
         # Only once the Pod is otherwise fine: a Pod denied for its quantities is fixed first.
-        require_class(ref, chosen, edits, out)
+        require_class(ref, chosen, changes.edits, out)
     return chosen.name, gpus
 
 
-def _check_inventory(policy: Policy, ref: PodSpecRef, chosen: ChosenClass, edits: list[Edit],
-                     per_resource: Mapping[str, list[tuple[ContainerRef, int]]], snapshot: Snapshot, mode: Mode,
-                     out: Collector) -> tuple[ChosenClass, list[Edit], bool]:
-    """The live-cluster checks of a GPU pod spec with its class `edits` (webhook.policy.inventory): the class with
-    the axes whose nodeSelector would leave the Pod no node held back, its edits, and False when
+def _check_inventory(policy: Policy, obj: Mapping[str, Any], ref: PodSpecRef, chosen: ChosenClass,
+                     changes: ClassChanges, per_resource: Mapping[str, list[tuple[ContainerRef, int]]],
+                     snapshot: Snapshot, mode: Mode, out: Collector) -> tuple[ChosenClass, ClassChanges, bool]:
+    """The live-cluster checks of a GPU pod spec with its class `changes` (webhook.policy.inventory): the class
+    with the axes whose nodeSelector would leave the Pod no node held back, its changes, and False when
     runtimeClassName must not be injected."""
     if not snapshot.synced:
         out.add("gpu-inventory-unavailable",
                 f"the cluster inventory is not synced ({snapshot.reason or 'starting'}): the checks against GPU "
                 "nodes and runtime classes were skipped; nothing to change in the Pod")
-        return chosen, edits, True
+        return chosen, changes, True
     placed = {name: pods.effective_count(counts) for name, counts in per_resource.items()
               if _placed_by_classes(policy, name)}
     # The names DRA may serve (a GPU DeviceClass's implicit or mapped name) count for the capacity checks only,
@@ -157,14 +163,15 @@ def _check_inventory(policy: Policy, ref: PodSpecRef, chosen: ChosenClass, edits
     requests = {name: count for name, count in placed.items() if name not in dra_served}
     spared = _spare_nodes(ref, chosen, snapshot, [name for name, count in requests.items() if count > 0], out)
     if spared is not chosen:
-        chosen, edits = spared, class_edits(policy, ref, spared)
+        chosen, changes = spared, class_changes(policy, obj, ref, spared)
+    edits = changes.edits
     judged = edits if mode == "mutate" else [e for e in edits if not _is_runtime_edit(ref, e)]
     result = inventory.assess(snapshot, inventory.placement(ref.spec, ref.spec_path, judged), placed, chosen.name,
                               dra_served)
     for rule, message in result.findings:
         out.add(rule, message)
     _check_shared_gpus(policy, snapshot, result.final, requests, per_resource, out)
-    return chosen, edits, result.keep_runtime_class
+    return chosen, changes, result.keep_runtime_class
 
 
 def _check_shared_gpus(policy: Policy, snapshot: Snapshot, where: inventory.Placement, requests: Mapping[str, int],

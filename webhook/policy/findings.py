@@ -46,6 +46,14 @@ class Edit(NamedTuple):
     value: Any = None
 
 
+class Patch(NamedTuple):
+    """A JSON Patch made once and shared between reviews (`class_edits.class_changes`): its RFC 6902 operations,
+    never to be changed (copy them first), and their JSON in base64, as `response.patch` carries it."""
+
+    ops: tuple[dict[str, Any], ...]
+    encoded: str
+
+
 class Explains(Protocol):
     """Something that says in words how it was decided (the engine's chosen class, axis by axis)."""
 
@@ -62,6 +70,9 @@ class Verdict(NamedTuple):
     gpus: int = 0
     notes: tuple[str, ...] = ()
     classes: tuple[Explains, ...] = ()  # each pod spec's chosen class, explained only when asked (`choices`)
+    # `edits` as a JSON Patch of the judged object when the engine had it memoised (shared between reviews: read
+    # only); None: `patch.operations(object, edits)` builds it.
+    patch: Patch | None = None
 
     @property
     def allowed(self) -> bool:

@@ -8,12 +8,15 @@ level (`add /spec/nodeSelector {...}`), because `add` below a missing parent fai
 
 from __future__ import annotations
 
+import base64
 from collections.abc import Mapping, Sequence
 from functools import lru_cache
 from typing import Any
 
+import orjson
+
 from webhook.policy import pods
-from webhook.policy.findings import Edit
+from webhook.policy.findings import Edit, Patch
 
 Path = tuple[str | int, ...]
 _CONTAINERS = (dict, list)  # a tuple: isinstance checks it faster than the union `dict | list`
@@ -61,6 +64,17 @@ def operations(obj: Mapping[str, Any], edits: Sequence[Edit]) -> list[dict[str, 
         else:
             node[key] = value
     return ops
+
+
+def encode(ops: Sequence[Mapping[str, Any]]) -> str:
+    """RFC 6902 operations as the base64 string an AdmissionReview's `response.patch` carries."""
+    return base64.b64encode(orjson.dumps(list(ops))).decode("ascii")
+
+
+def patch_of(obj: Mapping[str, Any], edits: Sequence[Edit]) -> Patch:
+    """`operations(obj, edits)`, frozen in a tuple and encoded once: a patch to share between reviews."""
+    ops = tuple(operations(obj, edits))
+    return Patch(ops, encode(ops))
 
 
 def _copy(value: Any) -> Any:

@@ -101,6 +101,11 @@ def render_path(path: Sequence[str | int]) -> str:
 def pod_specs(obj: Mapping[str, Any]) -> list[PodSpecRef]:
     """Every pod spec in `obj`: at the fixed place for known kinds, found by shape for other kinds."""
     kind = obj.get("kind")
+    if kind == "Pod":  # the usual object, first: its spec and metadata at the top, read without `get`'s loop
+        spec, meta = obj.get("spec"), obj.get("metadata")
+        if not isinstance(spec, dict):
+            return []
+        return [PodSpecRef(*KNOWN_KINDS["Pod"], spec, meta if isinstance(meta, dict) else {}, False)]
     if isinstance(kind, str) and kind in KNOWN_KINDS:
         spec_path, meta_path = KNOWN_KINDS[kind]
         spec = get(obj, spec_path)

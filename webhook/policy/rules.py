@@ -213,6 +213,8 @@ class Policy:
     # The engine's memo of the class of a Pod that says nothing about it (no class label, no node selection, no
     # resource bound to a value), by namespace: (the namespace's NamespacePolicy, the class).
     plain_classes: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+    # The engine's memo of what a class adds to a pod spec (`class_edits.class_changes`), by class and spec shape.
+    class_changes: dict[tuple[Any, ...], Any] = field(default_factory=dict, compare=False, repr=False)
 
     def namespace_policy(self, namespace: str, labels: Mapping[str, str] | None = None) -> NamespacePolicy | None:
         """The policy of a namespace: its entry by name, else the first selector its labels match."""
