@@ -27,6 +27,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -67,7 +68,8 @@ _CONSTANT_PATCH = (
 _NO_OP_PATCH = "[JSONPatch{op: 'test', path: '/kind', value: 'Pod'}]"
 
 
-def _map_shapes(cluster: Cluster, core: Any, pod: dict[str, Any], rounds: int, measure: Any) -> None:
+def _map_shapes(cluster: Cluster, core: Any, pod: dict[str, Any], rounds: int,
+                measure: Callable[[str], None]) -> None:
     """Where the MutatingAdmissionPolicy's time goes: its variants alternated for `rounds` rounds."""
     policy: dict[str, Any] = yaml.safe_load(cluster.kubectl(
         "get", "mutatingadmissionpolicy", "gpu-webhook.io-class", "-o", "yaml").stdout)

@@ -18,7 +18,7 @@ from typing import Any, Literal, NamedTuple, cast
 import orjson
 
 from webhook.policy.findings import Operation
-from webhook.policy.patch import encode as encode_operations
+from webhook.policy.patch import encode as encode_patch
 
 ApiVersion = Literal["admission.k8s.io/v1", "admission.k8s.io/v1beta1"]
 API_VERSIONS: tuple[ApiVersion, ...] = ("admission.k8s.io/v1", "admission.k8s.io/v1beta1")
@@ -218,11 +218,6 @@ def audit_key(key: str) -> str | None:
     """A key the API server accepts under `<webhook>/`: no '/', [-_.A-Za-z0-9], alphanumeric ends, <= 63."""
     cleaned = _AUDIT_KEY_BAD.sub("-", key)[:AUDIT_KEY_MAX].strip("-_.")
     return cleaned or None
-
-
-def encode_patch(operations: Sequence[Mapping[str, Any]]) -> str:
-    """RFC 6902 operations as the base64 string `response.patch` carries."""
-    return encode_operations(operations)
 
 
 def build_response(request: AdmissionRequest, decision: Decision) -> dict[str, Any]:

@@ -172,9 +172,13 @@ def _variables_gpu() -> list[tuple[str, str]]:
     ]
 
 
+def _variable_pairs(extra: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """A policy's variables as (name, expression), in definition order: the shared ones, then `extra`."""
+    return _COMMON_VARIABLES + _variables_gpu() + extra
+
+
 def _variables(extra: list[tuple[str, str]]) -> list[Json]:
-    pairs = _COMMON_VARIABLES + _variables_gpu() + extra
-    return [{"name": name, "expression": expr} for name, expr in pairs]
+    return [{"name": name, "expression": expr} for name, expr in _variable_pairs(extra)]
 
 
 def _where(c: str, listname: str) -> str:
@@ -499,9 +503,8 @@ def failing_guard(level: str, checks: list[Json]) -> Json:
     twice more. The checks read the policy's variables, which a matchCondition cannot: `cel_bind.bind` evaluates
     the ones they need in the condition itself. A Pod for which it is true is judged by the validations as before."""
     failing = " || ".join(f"!({check['expression']})" for check in checks)
-    variables = _COMMON_VARIABLES + _variables_gpu()
     return {"name": f"some-rule-at-{level}-fails", "expression": f"({level_guard(level)['expression']}) && "
-                                                                 f"({cel_bind.bind(failing, variables)})"}
+                                                                 f"({cel_bind.bind(failing, _variable_pairs([]))})"}
 
 
 def _validating(level: str) -> Json:
